@@ -1,0 +1,215 @@
+// Package api holds lockd's public wire types: HTTP request and reply bodies,
+// WebSocket messages and error codes. It is pure data, shared by the server,
+// the Go client and any other program that speaks to lockd.
+package api
+
+import (
+	"time"
+)
+
+// Error codes, as in the SPEC. Each maps to one HTTP status (see Status).
+const (
+	CodeInvalidArgument  = "invalid_argument"
+	CodeNotFound         = "not_found"
+	CodeLockHeld         = "lock_held"
+	CodeWaitTimeout      = "wait_timeout"
+	CodeNotHolder        = "not_holder"
+	CodeSessionExpired   = "session_expired"
+	CodeNoLeader         = "no_leader"
+	CodeNotLeader        = "not_leader" // WebSocket only: the member is a follower
+	CodePayloadTooLarge  = "payload_too_large"
+	CodeUnauthenticated  = "unauthenticated"
+	CodePermissionDenied = "permission_denied"
+	CodeInternal         = "internal"
+	CodeStaleToken       = "stale_token" // fencestore
+)
+
+// Status returns the HTTP status that goes with an error code.
+func Status(code string) int {
+	switch code {
+	case CodeInvalidArgument:
+		return 400
+	case CodeNotFound, CodeSessionExpired:
+		return 404
+	case CodeLockHeld, CodeWaitTimeout, CodeNotHolder, CodeStaleToken:
+		return 409
+	case CodeNoLeader, CodeNotLeader:
+		return 503
+	case CodePayloadTooLarge:
+		return 413
+	case CodeUnauthenticated:
+		return 401
+	case CodePermissionDenied:
+		return 403
+	default:
+		return 500
+	}
+}
+
+// Error is the body of every error reply: {"error": {...}}.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// ErrorReply wraps Error for the HTTP body. Leader is set with not_leader.
+type ErrorReply struct {
+	Error  Error  `json:"error"`
+	Leader string `json:"leader,omitempty"`
+}
+
+// Limits from the SPEC. Violations get 400 invalid_argument.
+const (
+	MaxLockName       = 256
+	MaxClientID       = 128
+	MinTTLms          = 100
+	MaxTTLms          = 86_400_000
+	MaxWaitTimeoutMs  = 600_000
+	MinSessionTTLms   = 1000
+	MaxSessionTTLms   = 3_600_000
+	MaxBodyBytes      = 64 << 10
+	DefaultLockTTLms  = 30_000
+	DefaultSessionTTL = 15_000
+)
+
+// TimeFormat is RFC 3339 in UTC with milliseconds, the SPEC's expires_at.
+const TimeFormat = "2006-01-02T15:04:05.000Z07:00"
+
+// FormatTime renders unix milliseconds as SPEC time; 0 (no expiry) gives "".
+func FormatTime(ms int64) string {
+	if ms == 0 {
+		return ""
+	}
+	return time.UnixMilli(ms).UTC().Format(TimeFormat)
+}
+
+// ParseTime is the inverse of FormatTime.
+func ParseTime(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	return time.Parse(time.RFC3339Nano, s)
+}
+
+// AcquireRequest is the body of POST /api/v1/locks/{name}/acquire.
+// Pointers tell an absent field from a zero one.
+type AcquireRequest struct {
+	ClientID      string `json:"client_id"`
+	TTLms         *int64 `json:"ttl_ms,omitempty"`
+	WaitTimeoutMs *int64 `json:"wait_timeout_ms,omitempty"`
+	SessionID     string `json:"session_id,omitempty"`
+}
+
+// AcquireReply is the 200 reply of acquire (and, with Acquired false and
+// Error set, its 409 reply).
+type AcquireReply struct {
+	Acquired     bool   `json:"acquired"`
+	Lock         string `json:"lock,omitempty"`
+	ClientID     string `json:"client_id,omitempty"`
+	FencingToken uint64 `json:"fencing_token,omitempty"`
+	ExpiresAt    string `json:"expires_at,omitempty"`
+	FencingProof string `json:"fencing_proof,omitempty"`
+	Error        *Error `json:"error,omitempty"`
+	// Holder names the current holder in a lock_held reply.
+	Holder string `json:"holder,omitempty"`
+}
+
+// ReleaseRequest is the body of POST /api/v1/locks/{name}/release.
+type ReleaseRequest struct {
+	ClientID     string `json:"client_id"`
+	FencingToken uint64 `json:"fencing_token"`
+}
+
+// ReleaseReply is the 200 reply of release.
+type ReleaseReply struct {
+	Released bool `json:"released"`
+}
+
+// RenewRequest is the body of POST /api/v1/locks/{name}/renew.
+type RenewRequest struct {
+	ClientID     string `json:"client_id"`
+	FencingToken uint64 `json:"fencing_token"`
+	TTLms        *int64 `json:"ttl_ms,omitempty"`
+}
+
+// RenewReply is the 200 reply of renew.
+type RenewReply struct {
+	Renewed   bool   `json:"renewed"`
+	ExpiresAt string `json:"expires_at,omitempty"`
+}
+
+// LockStatus is the reply of GET /api/v1/locks/{name} and an element of
+// LockList.
+type LockStatus struct {
+	Lock         string `json:"lock"`
+	Held         bool   `json:"held"`
+	ClientID     string `json:"client_id,omitempty"`
+	SessionID    string `json:"session_id,omitempty"`
+	FencingToken uint64 `json:"fencing_token,omitempty"`
+	ExpiresAt    string `json:"expires_at,omitempty"`
+	Waiters      int    `json:"waiters"`
+}
+
+// LockList is the reply of GET /api/v1/locks?prefix=p.
+type LockList struct {
+	Locks []LockStatus `json:"locks"`
+}
+
+// SessionRequest is the body of POST /api/v1/sessions.
+type SessionRequest struct {
+	ClientID string `json:"client_id"`
+	TTLms    *int64 `json:"ttl_ms,omitempty"`
+}
+
+// SessionReply is the reply of session create and keepalive.
+type SessionReply struct {
+	SessionID string `json:"session_id,omitempty"`
+	TTLms     int64  `json:"ttl_ms"`
+}
+
+// Member is one cluster member.
+type Member struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	HTTPAddr string `json:"http_addr"`
+	Voter    bool   `json:"voter"`
+}
+
+// ClusterStatus is the reply of GET /api/v1/cluster.
+type ClusterStatus struct {
+	LeaderID   string   `json:"leader_id"`
+	LeaderHTTP string   `json:"leader_http"`
+	Term       uint64   `json:"term"`
+	Members    []Member `json:"members"`
+}
+
+// AddMemberRequest is the body of POST /api/v1/cluster/members.
+type AddMemberRequest struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	HTTPAddr string `json:"http_addr"`
+}
+
+// TransferRequest is the body of POST /api/v1/cluster/transfer-leadership.
+type TransferRequest struct {
+	To string `json:"to,omitempty"`
+}
+
+// NodeStatus is the reply of GET /api/v1/status: this member's own view,
+// served locally by any member (used for catch-up checks and dashboards).
+type NodeStatus struct {
+	ID           string `json:"id"`
+	State        string `json:"state"`
+	LeaderID     string `json:"leader_id"`
+	Term         uint64 `json:"term"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	LastToken    uint64 `json:"last_token"`
+}
+
+// Header names.
+const (
+	HeaderLeader = "X-Lockd-Leader"
+)

@@ -1,0 +1,53 @@
+package api
+
+// WebSocket operations (the "op" of a request frame).
+const (
+	OpHello     = "hello"
+	OpAcquire   = "acquire"
+	OpRelease   = "release"
+	OpRenew     = "renew"
+	OpKeepalive = "keepalive"
+)
+
+// WebSocket reply and push types (the "type" of a server frame).
+const (
+	TypeHello   = "hello"
+	TypeGranted = "granted"
+	TypeOK      = "ok"
+	TypeError   = "error"
+	TypeLost    = "lost"
+)
+
+// Reasons carried by a "lost" push.
+const (
+	ReasonExpired        = "expired"
+	ReasonSessionExpired = "session_expired"
+)
+
+// WSRequest is one client frame. Fields not used by an op stay empty.
+type WSRequest struct {
+	ID            uint64 `json:"id"`
+	Op            string `json:"op"`
+	ClientID      string `json:"client_id,omitempty"`
+	SessionTTLms  *int64 `json:"session_ttl_ms,omitempty"`
+	SessionID     string `json:"session_id,omitempty"`
+	Lock          string `json:"lock,omitempty"`
+	TTLms         *int64 `json:"ttl_ms,omitempty"`
+	WaitTimeoutMs *int64 `json:"wait_timeout_ms,omitempty"`
+	FencingToken  uint64 `json:"fencing_token,omitempty"`
+}
+
+// WSMessage is one server frame: a reply to a request (ID set) or a push.
+type WSMessage struct {
+	ID           uint64 `json:"id,omitempty"`
+	Type         string `json:"type"`
+	SessionID    string `json:"session_id,omitempty"`
+	SessionTTLms int64  `json:"session_ttl_ms,omitempty"`
+	Lock         string `json:"lock,omitempty"`
+	FencingToken uint64 `json:"fencing_token,omitempty"`
+	ExpiresAt    string `json:"expires_at,omitempty"`
+	FencingProof string `json:"fencing_proof,omitempty"`
+	Reason       string `json:"reason,omitempty"`
+	Error        *Error `json:"error,omitempty"`
+	Leader       string `json:"leader,omitempty"`
+}

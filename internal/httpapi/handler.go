@@ -1,0 +1,636 @@
+// Package httpapi serves lockd's client API: the HTTP lock, session and
+// cluster endpoints, the WebSocket session endpoint, health and metrics. It
+// validates every request against the SPEC limits before anything is
+// proposed, routes writes and linearizable reads to the leader (307), and
+// maps state-machine outcomes to SPEC error codes.
+//
+// It depends only on the small Backend interface declared here, so it is
+// tested with a fake and no Raft.
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/notify"
+)
+
+// Backend errors the handlers understand. A backend wraps its own errors
+// with these (errors.Is).
+var (
+	// ErrNotLeader: nothing was proposed; the client should go to the leader.
+	ErrNotLeader = errors.New("not the leader")
+	// ErrUnknownOutcome: the command may still commit; a retry is safe
+	// because every write is idempotent.
+	ErrUnknownOutcome = errors.New("outcome unknown")
+)
+
+// Backend is what the handlers need from a member.
+type Backend interface {
+	// Ready reports whether this member is the leader and has applied every
+	// entry of earlier terms (its post-election barrier completed).
+	Ready() bool
+	// LeaderURL is the HTTP URL of the leader this member knows, or "".
+	LeaderURL() string
+	// Propose replicates a command (Now is stamped by the backend).
+	Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error)
+	// ReadIndex makes the next View linearizable.
+	ReadIndex(ctx context.Context) error
+	// View runs fn on the local state under a read lock.
+	View(fn func(t *locktable.Table))
+	// Keepalive resets a session's TTL on the leader; ok false when the
+	// session is unknown.
+	Keepalive(sessionID string) (ttlMs int64, ok bool, err error)
+	// Subscribe delivers committed events about a client.
+	Subscribe(clientID string) *notify.Sub
+	// NewSessionID returns a fresh, unguessable session id.
+	NewSessionID() string
+	// Sign returns a fencing proof for a grant, or "" without a signing key.
+	Sign(lock string, token uint64, expiresAt int64) string
+
+	Cluster(ctx context.Context) (api.ClusterStatus, error)
+	AddMember(ctx context.Context, req api.AddMemberRequest) error
+	RemoveMember(ctx context.Context, id string) error
+	TransferLeadership(ctx context.Context, to string) error
+	Status() api.NodeStatus
+	// Readyz reports whether a leader is known and this member's state is
+	// current, with a reason when not.
+	Readyz() (bool, string)
+}
+
+// Config configures the handler.
+type Config struct {
+	Backend Backend
+	Logger  *slog.Logger
+	Metrics http.Handler // served at /metrics; nil serves 404
+	// Extra routes (dashboard and the like) mounted on the same mux.
+	Extra map[string]http.Handler
+}
+
+// Handler is the HTTP API of one member.
+type Handler struct {
+	b   Backend
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// New builds the handler.
+func New(cfg Config) *Handler {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	h := &Handler{b: cfg.Backend, log: cfg.Logger, mux: http.NewServeMux()}
+	m := h.mux
+	m.HandleFunc("POST /api/v1/locks/{name}/acquire", h.acquire)
+	m.HandleFunc("POST /api/v1/locks/{name}/release", h.release)
+	m.HandleFunc("POST /api/v1/locks/{name}/renew", h.renew)
+	m.HandleFunc("GET /api/v1/locks/{name}", h.getLock)
+	m.HandleFunc("GET /api/v1/locks", h.listLocks)
+	m.HandleFunc("POST /api/v1/sessions", h.createSession)
+	m.HandleFunc("POST /api/v1/sessions/{id}/keepalive", h.keepalive)
+	m.HandleFunc("DELETE /api/v1/sessions/{id}", h.deleteSession)
+	m.HandleFunc("GET /api/v1/ws", h.websocket)
+	m.HandleFunc("GET /api/v1/cluster", h.cluster)
+	m.HandleFunc("POST /api/v1/cluster/members", h.addMember)
+	m.HandleFunc("DELETE /api/v1/cluster/members/{id}", h.removeMember)
+	m.HandleFunc("POST /api/v1/cluster/transfer-leadership", h.transfer)
+	m.HandleFunc("GET /api/v1/status", h.status)
+	m.HandleFunc("GET /healthz", h.healthz)
+	m.HandleFunc("GET /readyz", h.readyz)
+	if cfg.Metrics != nil {
+		m.Handle("GET /metrics", cfg.Metrics)
+	}
+	for pattern, handler := range cfg.Extra {
+		m.Handle(pattern, handler)
+	}
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{code: api.CodeNotFound, msg: "no such endpoint: " + r.Method + " " + r.URL.Path})
+	})
+	return h
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// writeJSON writes v with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeError renders any error as the SPEC error body.
+func writeError(w http.ResponseWriter, err error) {
+	code, msg := errorCode(err)
+	if code == api.CodeNoLeader {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, api.Status(code), api.ErrorReply{Error: api.Error{Code: code, Message: msg}})
+}
+
+func errorCode(err error) (string, string) {
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae):
+		return ae.code, ae.msg
+	case errors.Is(err, ErrNotLeader):
+		return api.CodeNoLeader, "no leader available, retry: " + err.Error()
+	case errors.Is(err, ErrUnknownOutcome):
+		return api.CodeNoLeader, "leadership changed before the request committed; it may or may not have taken effect, and a retry is safe: " + err.Error()
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return api.CodeNoLeader, "request timed out waiting for the cluster, retry: " + err.Error()
+	default:
+		return api.CodeInternal, err.Error()
+	}
+}
+
+// routeToLeader answers a write or linearizable read on a member that is
+// not a ready leader: 307 to the leader when one is known, else 503. It
+// returns true when the request was answered.
+func (h *Handler) routeToLeader(w http.ResponseWriter, r *http.Request) bool {
+	if h.b.Ready() {
+		return false
+	}
+	leader := h.b.LeaderURL()
+	self := h.b.Status()
+	if leader == "" || self.LeaderID == self.ID {
+		// No leader, or this member leads but is still catching up.
+		writeError(w, &apiError{code: api.CodeNoLeader, msg: "no leader is available yet; retry shortly"})
+		return true
+	}
+	w.Header().Set(api.HeaderLeader, leader)
+	w.Header().Set("Location", strings.TrimRight(leader, "/")+r.URL.RequestURI())
+	writeJSON(w, http.StatusTemporaryRedirect, api.ErrorReply{
+		Error:  api.Error{Code: api.CodeNotLeader, Message: "this member is a follower; the leader is " + leader},
+		Leader: leader,
+	})
+	return true
+}
+
+// lockName reads and validates the {name} path value.
+func lockName(r *http.Request) (string, error) {
+	name := r.PathValue("name")
+	if why := ValidLockName(name); why != "" {
+		return "", invalid("%s", why)
+	}
+	return name, nil
+}
+
+func stateError(code locktable.Code, lock, holder string) error {
+	switch code {
+	case locktable.CodeLockHeld:
+		return &apiError{code: api.CodeLockHeld, msg: "lock " + lock + " is held by " + holder}
+	case locktable.CodeNotHolder:
+		return &apiError{code: api.CodeNotHolder, msg: "the client does not hold lock " + lock + " with that fencing token"}
+	case locktable.CodeSessionExpired:
+		return &apiError{code: api.CodeSessionExpired, msg: "the session does not exist or has expired"}
+	default:
+		return invalid("the request was refused by the state machine as malformed")
+	}
+}
+
+func (h *Handler) grantReply(lock, client string, token uint64, expiresAt int64) api.AcquireReply {
+	return api.AcquireReply{Acquired: true, Lock: lock, ClientID: client, FencingToken: token,
+		ExpiresAt: api.FormatTime(expiresAt), FencingProof: h.b.Sign(lock, token, expiresAt)}
+}
+
+func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
+	name, err := lockName(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var req api.AcquireRequest
+	if err := decode(w, r, &req, false); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := validClientID("client_id", req.ClientID); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := checkRange("ttl_ms", req.TTLms, api.MinTTLms, api.MaxTTLms); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := checkRange("wait_timeout_ms", req.WaitTimeoutMs, 0, api.MaxWaitTimeoutMs); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := validSessionID(req.SessionID); err != nil {
+		writeError(w, err)
+		return
+	}
+	if h.routeToLeader(w, r) {
+		return
+	}
+	var ttl, wait int64
+	switch {
+	case req.TTLms != nil:
+		ttl = *req.TTLms
+	case req.SessionID == "":
+		ttl = api.DefaultLockTTLms
+	}
+	if req.WaitTimeoutMs != nil {
+		wait = *req.WaitTimeoutMs
+	}
+	cmd := locktable.Command{Op: locktable.OpAcquire, Lock: name, ClientID: req.ClientID,
+		SessionID: req.SessionID, TTLms: ttl, WaitMs: wait}
+	deadline := time.Now().Add(time.Duration(wait) * time.Millisecond)
+	for {
+		var sub *notify.Sub
+		if wait > 0 {
+			sub = h.b.Subscribe(req.ClientID) // before proposing: no grant can slip past
+		}
+		res, err := h.b.Propose(r.Context(), cmd)
+		if err != nil {
+			closeSub(sub)
+			writeError(w, err)
+			return
+		}
+		switch {
+		case res.Granted:
+			closeSub(sub)
+			writeJSON(w, 200, h.grantReply(name, req.ClientID, res.Token, res.ExpiresAt))
+			return
+		case res.Code != locktable.OK:
+			closeSub(sub)
+			e := stateError(res.Code, name, res.Holder)
+			if res.Code == locktable.CodeLockHeld {
+				code, msg := errorCode(e)
+				writeJSON(w, 409, api.AcquireReply{Acquired: false, Holder: res.Holder,
+					Error: &api.Error{Code: code, Message: msg}})
+				return
+			}
+			writeError(w, e)
+			return
+		}
+		// Queued: wait for the committed hand-off.
+		retry := h.awaitGrant(w, r, sub, name, req.ClientID, deadline)
+		closeSub(sub)
+		if !retry {
+			return
+		}
+		// The event stream overflowed: re-propose the (idempotent) acquire to
+		// learn where we stand, keeping the queue place.
+		cmd.WaitMs = max(time.Until(deadline).Milliseconds(), 1)
+	}
+}
+
+func closeSub(s *notify.Sub) {
+	if s != nil {
+		s.Close()
+	}
+}
+
+// awaitGrant waits for the outcome of a queued acquire and writes the reply.
+// It returns true when the caller should re-propose instead.
+func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify.Sub, name, client string, deadline time.Time) bool {
+	// The leader's waiter timer ends the wait with a committed timeout; this
+	// fallback only covers a timer that cannot commit (leadership trouble).
+	fallback := time.NewTimer(time.Until(deadline) + 2*time.Second)
+	defer fallback.Stop()
+	for {
+		select {
+		case ev := <-sub.Events():
+			if ev.Lock != name || ev.ClientID != client {
+				continue
+			}
+			switch ev.Kind {
+			case locktable.EvGranted:
+				writeJSON(w, 200, h.grantReply(name, client, ev.Token, ev.ExpiresAt))
+				return false
+			case locktable.EvWaitEnded:
+				if ev.Reason == locktable.ReasonSessionExpired {
+					writeError(w, &apiError{code: api.CodeSessionExpired, msg: "the session ended while waiting for lock " + name})
+					return false
+				}
+				writeJSON(w, 409, api.AcquireReply{Acquired: false,
+					Error: &api.Error{Code: api.CodeWaitTimeout, Message: "timed out waiting for lock " + name}})
+				return false
+			}
+		case <-sub.Done():
+			if errors.Is(sub.Err(), notify.ErrOverflow) {
+				return true
+			}
+			writeError(w, &apiError{code: api.CodeNoLeader, msg: "leadership changed while waiting; retry on the new leader (the queue place is kept)"})
+			return false
+		case <-fallback.C:
+			var li locktable.LockInfo
+			h.b.View(func(t *locktable.Table) { li = t.Get(name) })
+			if li.Held && li.ClientID == client {
+				writeJSON(w, 200, h.grantReply(name, client, li.Token, li.ExpiresAt))
+				return false
+			}
+			writeJSON(w, 409, api.AcquireReply{Acquired: false,
+				Error: &api.Error{Code: api.CodeWaitTimeout, Message: "timed out waiting for lock " + name}})
+			return false
+		case <-r.Context().Done():
+			return false // the client went away; its wait ends at its deadline
+		}
+	}
+}
+
+func (h *Handler) release(w http.ResponseWriter, r *http.Request) {
+	name, err := lockName(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var req api.ReleaseRequest
+	if err := decode(w, r, &req, false); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := validClientID("client_id", req.ClientID); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.FencingToken == 0 {
+		writeError(w, invalid("fencing_token is required"))
+		return
+	}
+	if h.routeToLeader(w, r) {
+		return
+	}
+	res, err := h.b.Propose(r.Context(), locktable.Command{Op: locktable.OpRelease, Lock: name,
+		ClientID: req.ClientID, Token: req.FencingToken})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if res.Code != locktable.OK {
+		writeError(w, stateError(res.Code, name, ""))
+		return
+	}
+	writeJSON(w, 200, api.ReleaseReply{Released: true})
+}
+
+func (h *Handler) renew(w http.ResponseWriter, r *http.Request) {
+	name, err := lockName(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var req api.RenewRequest
+	if err := decode(w, r, &req, false); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := validClientID("client_id", req.ClientID); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.FencingToken == 0 {
+		writeError(w, invalid("fencing_token is required"))
+		return
+	}
+	if err := checkRange("ttl_ms", req.TTLms, api.MinTTLms, api.MaxTTLms); err != nil {
+		writeError(w, err)
+		return
+	}
+	if h.routeToLeader(w, r) {
+		return
+	}
+	cmd := locktable.Command{Op: locktable.OpRenew, Lock: name, ClientID: req.ClientID, Token: req.FencingToken}
+	if req.TTLms != nil {
+		cmd.TTLms = *req.TTLms
+	}
+	res, err := h.b.Propose(r.Context(), cmd)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if res.Code != locktable.OK {
+		writeError(w, stateError(res.Code, name, ""))
+		return
+	}
+	writeJSON(w, 200, api.RenewReply{Renewed: true, ExpiresAt: api.FormatTime(res.ExpiresAt)})
+}
+
+func statusOf(li locktable.LockInfo) api.LockStatus {
+	return api.LockStatus{Lock: li.Name, Held: li.Held, ClientID: li.ClientID, SessionID: li.SessionID,
+		FencingToken: li.Token, ExpiresAt: api.FormatTime(li.ExpiresAt), Waiters: li.Waiters}
+}
+
+// readable makes the request's read linearizable unless ?stale=true; it
+// answers the request itself (redirect or error) and returns false when the
+// read cannot be served here.
+func (h *Handler) readable(w http.ResponseWriter, r *http.Request) bool {
+	if r.URL.Query().Get("stale") == "true" {
+		return true
+	}
+	if h.routeToLeader(w, r) {
+		return false
+	}
+	if err := h.b.ReadIndex(r.Context()); err != nil {
+		writeError(w, err)
+		return false
+	}
+	return true
+}
+
+func (h *Handler) getLock(w http.ResponseWriter, r *http.Request) {
+	name, err := lockName(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !h.readable(w, r) {
+		return
+	}
+	var li locktable.LockInfo
+	h.b.View(func(t *locktable.Table) { li = t.Get(name) })
+	writeJSON(w, 200, statusOf(li))
+}
+
+func (h *Handler) listLocks(w http.ResponseWriter, r *http.Request) {
+	prefix := r.URL.Query().Get("prefix")
+	if prefix != "" {
+		if why := ValidLockName(prefix); why != "" {
+			writeError(w, invalid("prefix: %s", why))
+			return
+		}
+	}
+	if !h.readable(w, r) {
+		return
+	}
+	out := api.LockList{Locks: []api.LockStatus{}}
+	h.b.View(func(t *locktable.Table) {
+		for _, li := range t.List(prefix, 0) {
+			out.Locks = append(out.Locks, statusOf(li))
+		}
+	})
+	writeJSON(w, 200, out)
+}
+
+func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
+	var req api.SessionRequest
+	if err := decode(w, r, &req, false); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := validClientID("client_id", req.ClientID); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := checkRange("ttl_ms", req.TTLms, api.MinSessionTTLms, api.MaxSessionTTLms); err != nil {
+		writeError(w, err)
+		return
+	}
+	if h.routeToLeader(w, r) {
+		return
+	}
+	ttl := int64(api.DefaultSessionTTL)
+	if req.TTLms != nil {
+		ttl = *req.TTLms
+	}
+	id, err := h.newSession(r.Context(), req.ClientID, ttl)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, api.SessionReply{SessionID: id, TTLms: ttl})
+}
+
+func (h *Handler) newSession(ctx context.Context, client string, ttl int64) (string, error) {
+	id := h.b.NewSessionID()
+	res, err := h.b.Propose(ctx, locktable.Command{Op: locktable.OpCreateSession, SessionID: id, ClientID: client, TTLms: ttl})
+	if err != nil {
+		return "", err
+	}
+	if res.Code != locktable.OK {
+		return "", stateError(res.Code, "", "")
+	}
+	return id, nil
+}
+
+func (h *Handler) keepalive(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := validSessionID(id); err != nil {
+		writeError(w, err)
+		return
+	}
+	if h.routeToLeader(w, r) {
+		return
+	}
+	ttl, ok, err := h.b.Keepalive(id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !ok {
+		writeError(w, stateError(locktable.CodeSessionExpired, "", ""))
+		return
+	}
+	writeJSON(w, 200, api.SessionReply{TTLms: ttl})
+}
+
+func (h *Handler) deleteSession(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := validSessionID(id); err != nil {
+		writeError(w, err)
+		return
+	}
+	if h.routeToLeader(w, r) {
+		return
+	}
+	res, err := h.b.Propose(r.Context(), locktable.Command{Op: locktable.OpDeleteSession, SessionID: id})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if res.Code != locktable.OK {
+		writeError(w, stateError(res.Code, "", ""))
+		return
+	}
+	writeJSON(w, 200, map[string]bool{"deleted": true})
+}
+
+func (h *Handler) cluster(w http.ResponseWriter, r *http.Request) {
+	cs, err := h.b.Cluster(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, cs)
+}
+
+func (h *Handler) addMember(w http.ResponseWriter, r *http.Request) {
+	var req api.AddMemberRequest
+	if err := decode(w, r, &req, false); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := validClientID("id", req.ID); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.RaftAddr == "" {
+		writeError(w, invalid("raft_addr is required"))
+		return
+	}
+	if h.routeToLeader(w, r) {
+		return
+	}
+	if err := h.b.AddMember(r.Context(), req); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, map[string]bool{"added": true})
+}
+
+func (h *Handler) removeMember(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := validClientID("id", id); err != nil {
+		writeError(w, err)
+		return
+	}
+	if h.routeToLeader(w, r) {
+		return
+	}
+	if err := h.b.RemoveMember(r.Context(), id); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, map[string]bool{"removed": true})
+}
+
+func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
+	var req api.TransferRequest
+	if err := decode(w, r, &req, true); err != nil {
+		writeError(w, err)
+		return
+	}
+	if h.routeToLeader(w, r) {
+		return
+	}
+	if err := h.b.TransferLeadership(r.Context(), req.To); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, map[string]bool{"transferred": true})
+}
+
+func (h *Handler) status(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, 200, h.b.Status())
+}
+
+func (h *Handler) healthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, 200, map[string]string{"status": "ok"})
+}
+
+func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
+	ok, why := h.b.Readyz()
+	if !ok {
+		writeJSON(w, 503, map[string]string{"status": "not ready", "reason": why})
+		return
+	}
+	writeJSON(w, 200, map[string]string{"status": "ready"})
+}

@@ -1,0 +1,368 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"time"
+
+	"net/http"
+
+	"github.com/coder/websocket"
+
+	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/notify"
+)
+
+// wsConn is one WebSocket connection carrying one session. Requests are
+// handled in order on the read goroutine; grants, losses and wait outcomes
+// arrive from the event subscription and are pushed from a second goroutine.
+type wsConn struct {
+	h       *Handler
+	c       *websocket.Conn
+	ctx     context.Context
+	cancel  context.CancelFunc
+	writeMu sync.Mutex
+
+	mu       sync.Mutex
+	session  string
+	client   string
+	ttl      int64
+	sub      *notify.Sub
+	pending  map[string]uint64 // lock -> request id of the queued acquire
+	subReady chan struct{}
+}
+
+func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
+	c, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return // Accept wrote the HTTP error
+	}
+	c.SetReadLimit(api.MaxBodyBytes)
+	ctx, cancel := context.WithCancel(r.Context())
+	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string]uint64{}, subReady: make(chan struct{})}
+	defer cancel()
+	if !h.b.Ready() {
+		leader := h.b.LeaderURL()
+		self := h.b.Status()
+		msg := api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: api.CodeNotLeader, Message: "this member is not the leader"}, Leader: leader}
+		if leader == "" || self.LeaderID == self.ID {
+			msg.Error = &api.Error{Code: api.CodeNoLeader, Message: "no leader is available yet; retry shortly"}
+			msg.Leader = ""
+		}
+		wc.send(msg)
+		c.Close(websocket.StatusTryAgainLater, "not the leader")
+		return
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); wc.pushLoop() }()
+	reason := wc.readLoop()
+	cancel()
+	wg.Wait()
+	wc.mu.Lock()
+	if wc.sub != nil {
+		wc.sub.Close()
+	}
+	wc.mu.Unlock()
+	c.Close(websocket.StatusNormalClosure, reason)
+}
+
+func (wc *wsConn) send(m api.WSMessage) {
+	b, _ := json.Marshal(m)
+	wc.writeMu.Lock()
+	defer wc.writeMu.Unlock()
+	ctx, cancel := context.WithTimeout(wc.ctx, 10*time.Second)
+	defer cancel()
+	if err := wc.c.Write(ctx, websocket.MessageText, b); err != nil {
+		wc.cancel()
+	}
+}
+
+func (wc *wsConn) replyErr(id uint64, err error) {
+	code, msg := errorCode(err)
+	wc.send(api.WSMessage{ID: id, Type: api.TypeError, Error: &api.Error{Code: code, Message: msg}})
+}
+
+// readLoop handles requests until the connection ends; it returns a close
+// reason.
+func (wc *wsConn) readLoop() string {
+	for {
+		typ, b, err := wc.c.Read(wc.ctx)
+		if err != nil {
+			return "closed"
+		}
+		if typ != websocket.MessageText {
+			wc.replyErr(0, invalid("frames must be text JSON"))
+			continue
+		}
+		var req api.WSRequest
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			wc.replyErr(0, invalid("malformed JSON frame: %v", err))
+			continue
+		}
+		if !wc.h.b.Ready() {
+			wc.notLeader()
+			return "leadership lost"
+		}
+		if req.Op != api.OpHello && wc.sessionID() == "" {
+			wc.replyErr(req.ID, invalid("the first request must be hello"))
+			continue
+		}
+		var herr error
+		switch req.Op {
+		case api.OpHello:
+			herr = wc.hello(req)
+		case api.OpAcquire:
+			herr = wc.acquire(req)
+		case api.OpRelease:
+			herr = wc.release(req)
+		case api.OpRenew:
+			herr = wc.renew(req)
+		case api.OpKeepalive:
+			herr = wc.keepalive(req)
+		default:
+			herr = invalid("unknown op %q", req.Op)
+		}
+		if herr != nil {
+			wc.replyErr(req.ID, herr)
+			if errors.Is(herr, ErrNotLeader) {
+				wc.notLeader()
+				return "leadership lost"
+			}
+		}
+	}
+}
+
+func (wc *wsConn) notLeader() {
+	wc.send(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: api.CodeNotLeader,
+		Message: "this member is no longer the leader"}, Leader: wc.h.b.LeaderURL()})
+}
+
+func (wc *wsConn) sessionID() string {
+	wc.mu.Lock()
+	defer wc.mu.Unlock()
+	return wc.session
+}
+
+func (wc *wsConn) hello(req api.WSRequest) error {
+	if wc.sessionID() != "" {
+		return invalid("hello was already sent on this connection")
+	}
+	if err := validClientID("client_id", req.ClientID); err != nil {
+		return err
+	}
+	if err := checkRange("session_ttl_ms", req.SessionTTLms, api.MinSessionTTLms, api.MaxSessionTTLms); err != nil {
+		return err
+	}
+	if err := validSessionID(req.SessionID); err != nil {
+		return err
+	}
+	id, ttl := req.SessionID, int64(api.DefaultSessionTTL)
+	if req.SessionTTLms != nil {
+		ttl = *req.SessionTTLms
+	}
+	// Subscribe before the session can be granted anything on this
+	// connection, so no push is lost.
+	sub := wc.h.b.Subscribe(req.ClientID)
+	if id != "" {
+		var s locktable.Session
+		var ok bool
+		wc.h.b.View(func(t *locktable.Table) { s, ok = t.Session(id) })
+		if ok {
+			var kerr error
+			_, ok, kerr = wc.h.b.Keepalive(id)
+			if kerr != nil {
+				sub.Close()
+				return kerr
+			}
+		}
+		if !ok {
+			sub.Close()
+			return &apiError{code: api.CodeSessionExpired, msg: "session " + id + " has expired; start a new one"}
+		}
+		if s.ClientID != req.ClientID {
+			sub.Close()
+			return invalid("session %s belongs to another client_id", id)
+		}
+		ttl = s.TTLms
+	} else {
+		nid, err := wc.h.newSession(wc.ctx, req.ClientID, ttl)
+		if err != nil {
+			sub.Close()
+			return err
+		}
+		id = nid
+	}
+	wc.mu.Lock()
+	wc.session, wc.client, wc.ttl, wc.sub = id, req.ClientID, ttl, sub
+	wc.mu.Unlock()
+	close(wc.subReady)
+	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeHello, SessionID: id, SessionTTLms: ttl})
+	return nil
+}
+
+func (wc *wsConn) acquire(req api.WSRequest) error {
+	if why := ValidLockName(req.Lock); why != "" {
+		return invalid("%s", why)
+	}
+	if err := checkRange("ttl_ms", req.TTLms, api.MinTTLms, api.MaxTTLms); err != nil {
+		return err
+	}
+	if err := checkRange("wait_timeout_ms", req.WaitTimeoutMs, 0, api.MaxWaitTimeoutMs); err != nil {
+		return err
+	}
+	cmd := locktable.Command{Op: locktable.OpAcquire, Lock: req.Lock, ClientID: wc.client, SessionID: wc.session}
+	if req.TTLms != nil {
+		cmd.TTLms = *req.TTLms
+	}
+	if req.WaitTimeoutMs != nil {
+		cmd.WaitMs = *req.WaitTimeoutMs
+	}
+	// Record the request before proposing: the grant push may race the reply.
+	wc.mu.Lock()
+	wc.pending[req.Lock] = req.ID
+	wc.mu.Unlock()
+	res, err := wc.h.b.Propose(wc.ctx, cmd)
+	if err == nil && res.Code == locktable.OK {
+		// Granted or queued: the grant reaches the client through pushLoop,
+		// the one path for grants, so a fast hand-off cannot be lost or sent
+		// twice.
+		return nil
+	}
+	wc.mu.Lock()
+	if wc.pending[req.Lock] == req.ID {
+		delete(wc.pending, req.Lock)
+	}
+	wc.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return stateError(res.Code, req.Lock, res.Holder)
+}
+
+func (wc *wsConn) release(req api.WSRequest) error {
+	if why := ValidLockName(req.Lock); why != "" {
+		return invalid("%s", why)
+	}
+	res, err := wc.h.b.Propose(wc.ctx, locktable.Command{Op: locktable.OpRelease, Lock: req.Lock,
+		ClientID: wc.client, Token: req.FencingToken})
+	if err != nil {
+		return err
+	}
+	if res.Code != locktable.OK {
+		return stateError(res.Code, req.Lock, "")
+	}
+	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, Lock: req.Lock, FencingToken: req.FencingToken})
+	return nil
+}
+
+func (wc *wsConn) renew(req api.WSRequest) error {
+	if why := ValidLockName(req.Lock); why != "" {
+		return invalid("%s", why)
+	}
+	if err := checkRange("ttl_ms", req.TTLms, api.MinTTLms, api.MaxTTLms); err != nil {
+		return err
+	}
+	cmd := locktable.Command{Op: locktable.OpRenew, Lock: req.Lock, ClientID: wc.client, Token: req.FencingToken}
+	if req.TTLms != nil {
+		cmd.TTLms = *req.TTLms
+	}
+	res, err := wc.h.b.Propose(wc.ctx, cmd)
+	if err != nil {
+		return err
+	}
+	if res.Code != locktable.OK {
+		return stateError(res.Code, req.Lock, "")
+	}
+	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, Lock: req.Lock, FencingToken: res.Token,
+		ExpiresAt: api.FormatTime(res.ExpiresAt)})
+	return nil
+}
+
+func (wc *wsConn) keepalive(req api.WSRequest) error {
+	ttl, ok, err := wc.h.b.Keepalive(wc.session)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return &apiError{code: api.CodeSessionExpired, msg: "session " + wc.session + " has expired"}
+	}
+	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, SessionID: wc.session, SessionTTLms: ttl})
+	return nil
+}
+
+// pushLoop turns committed events about this session into pushes.
+func (wc *wsConn) pushLoop() {
+	select {
+	case <-wc.subReady:
+	case <-wc.ctx.Done():
+		return
+	}
+	wc.mu.Lock()
+	sub, session := wc.sub, wc.session
+	wc.mu.Unlock()
+	for {
+		select {
+		case <-wc.ctx.Done():
+			return
+		case <-sub.Done():
+			if errors.Is(sub.Err(), notify.ErrLeadershipLost) {
+				wc.notLeader()
+			} else if errors.Is(sub.Err(), notify.ErrOverflow) {
+				wc.send(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: api.CodeInternal,
+					Message: "event stream overflowed; reconnect and resume the session"}})
+			}
+			wc.cancel()
+			return
+		case ev := <-sub.Events():
+			if ev.SessionID != session {
+				continue
+			}
+			wc.push(ev)
+		}
+	}
+}
+
+func (wc *wsConn) push(ev locktable.Event) {
+	switch ev.Kind {
+	case locktable.EvGranted:
+		wc.mu.Lock()
+		id, ok := wc.pending[ev.Lock]
+		delete(wc.pending, ev.Lock)
+		wc.mu.Unlock()
+		if !ok {
+			return // the reply to a direct grant already carries it
+		}
+		wc.send(api.WSMessage{ID: id, Type: api.TypeGranted, Lock: ev.Lock, FencingToken: ev.Token,
+			ExpiresAt: api.FormatTime(ev.ExpiresAt), FencingProof: wc.h.b.Sign(ev.Lock, ev.Token, ev.ExpiresAt)})
+	case locktable.EvLost:
+		reason := api.ReasonExpired
+		if ev.Reason == locktable.ReasonSessionExpired {
+			reason = api.ReasonSessionExpired
+		}
+		wc.send(api.WSMessage{Type: api.TypeLost, Lock: ev.Lock, FencingToken: ev.Token, Reason: reason})
+	case locktable.EvWaitEnded:
+		wc.mu.Lock()
+		id, ok := wc.pending[ev.Lock]
+		delete(wc.pending, ev.Lock)
+		wc.mu.Unlock()
+		if !ok {
+			return
+		}
+		code, msg := api.CodeWaitTimeout, "timed out waiting for lock "+ev.Lock
+		if ev.Reason == locktable.ReasonSessionExpired {
+			code, msg = api.CodeSessionExpired, "the session ended while waiting for lock "+ev.Lock
+		}
+		wc.send(api.WSMessage{ID: id, Type: api.TypeError, Lock: ev.Lock, Error: &api.Error{Code: code, Message: msg}})
+	case locktable.EvSessionEnded:
+		wc.send(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: api.CodeSessionExpired,
+			Message: "session " + ev.SessionID + " ended (" + ev.Reason + ")"}})
+		wc.cancel()
+	}
+}

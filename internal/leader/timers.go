@@ -1,0 +1,478 @@
+// Package leader runs the leader-only timers: lock TTLs, waiter deadlines and
+// session TTLs. A timer never changes state itself; it proposes a command
+// (expire lock L with token T, time out waiter W, expire session S) that the
+// state machine re-checks against the time carried in the command, so a late,
+// duplicate or deposed-leader proposal is harmless.
+//
+// Timers are rebuilt from the replicated state when leadership is gained and
+// dropped when it is lost. Keepalives are not replicated: the leader tracks
+// them here, in memory, and every session gets a fresh full TTL from the
+// moment a new leader takes office.
+package leader
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/lockd/lockd/internal/locktable"
+)
+
+// Proposer replicates a command; the server's proposer also feeds the
+// resulting events back through Observe.
+type Proposer interface {
+	Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error)
+}
+
+// Viewer reads the local replicated state.
+type Viewer interface {
+	View(fn func(t *locktable.Table))
+}
+
+// ErrNotRunning is returned by Keepalive when this member is not an active
+// leader.
+var ErrNotRunning = errors.New("leader: timers not running")
+
+// Config configures the timers.
+type Config struct {
+	Proposer Proposer
+	Viewer   Viewer
+	// Grace is added to a lock's replicated expiry when a new leader finds it
+	// already (nearly) due, so a renew in flight during the election can
+	// land. One election timeout: bounded, so leases never grow without
+	// bound when elections repeat.
+	Grace   time.Duration
+	Now     func() time.Time
+	Logger  *slog.Logger
+	Workers int
+	// Retry is the delay before a timer whose proposal failed or was a
+	// no-op fires again.
+	Retry time.Duration
+}
+
+type kind uint8
+
+const (
+	kLock kind = iota
+	kWaiter
+	kSession
+)
+
+type item struct {
+	at     int64 // unix ms
+	kind   kind
+	lock   string
+	client string // waiter
+	id     string // session
+	token  uint64
+}
+
+type itemHeap []item
+
+func (h itemHeap) Len() int           { return len(h) }
+func (h itemHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h itemHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *itemHeap) Push(x any)        { *h = append(*h, x.(item)) }
+func (h *itemHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return it
+}
+
+type lockTimer struct {
+	token uint64
+	at    int64
+}
+
+type waiterKey struct{ lock, client string }
+
+type sessionTimer struct {
+	ttl      int64
+	deadline int64
+}
+
+// Timers is the leader-only timer set. The zero value is unusable; use New.
+type Timers struct {
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	running  bool
+	h        itemHeap
+	locks    map[string]lockTimer
+	waiters  map[waiterKey]int64
+	sessions map[string]*sessionTimer
+	wake     chan struct{}
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+// New returns stopped timers.
+func New(cfg Config) *Timers {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 4
+	}
+	if cfg.Retry <= 0 {
+		cfg.Retry = 100 * time.Millisecond
+	}
+	return &Timers{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1)}
+}
+
+func (t *Timers) now() int64 { return t.cfg.Now().UnixMilli() }
+
+// Start rebuilds every timer from the replicated state and starts firing.
+// Call it only after the new leader's Barrier, so the state is complete.
+func (t *Timers) Start() {
+	t.mu.Lock()
+	if t.running {
+		t.mu.Unlock()
+		return
+	}
+	t.running = true
+	t.h = nil
+	t.locks = map[string]lockTimer{}
+	t.waiters = map[waiterKey]int64{}
+	t.sessions = map[string]*sessionTimer{}
+	tookOffice := t.now()
+	grace := t.cfg.Grace.Milliseconds()
+	nLocks, nWaiters, nSessions := 0, 0, 0
+	t.cfg.Viewer.View(func(tab *locktable.Table) {
+		tab.ForEachHeld(func(li locktable.LockInfo) {
+			if li.ExpiresAt == 0 {
+				return
+			}
+			at := li.ExpiresAt
+			if at <= tookOffice+grace {
+				at = li.ExpiresAt + grace // never before the replicated expiry, at most one grace after
+			}
+			t.setLockLocked(li.Name, li.Token, at)
+			nLocks++
+		})
+		tab.ForEachWaiter(func(w locktable.WaiterInfo) {
+			t.setWaiterLocked(w.Lock, w.ClientID, w.Deadline)
+			nWaiters++
+		})
+		tab.ForEachSession(func(s locktable.Session) {
+			t.setSessionLocked(s.ID, s.TTLms, tookOffice+s.TTLms)
+			nSessions++
+		})
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.cancel = cancel
+	jobs := make(chan item, 1024)
+	t.wg.Add(1 + t.cfg.Workers)
+	go t.loop(ctx, jobs)
+	for i := 0; i < t.cfg.Workers; i++ {
+		go t.worker(ctx, jobs)
+	}
+	t.mu.Unlock()
+	t.log.Info("leader timers rebuilt", "locks", nLocks, "waiters", nWaiters, "sessions", nSessions)
+}
+
+// Stop drops every timer (leadership lost). It waits for in-flight
+// proposals to return.
+func (t *Timers) Stop() {
+	t.mu.Lock()
+	if !t.running {
+		t.mu.Unlock()
+		return
+	}
+	t.running = false
+	t.cancel()
+	t.h, t.locks, t.waiters, t.sessions = nil, nil, nil, nil
+	t.mu.Unlock()
+	t.wg.Wait()
+}
+
+// Running reports whether this member runs the timers (is an active leader).
+func (t *Timers) Running() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.running
+}
+
+// Keepalive pushes a session's deadline a full TTL out. It returns the TTL,
+// or false when the session is unknown to this leader.
+func (t *Timers) Keepalive(id string) (int64, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.running {
+		return 0, ErrNotRunning
+	}
+	s, ok := t.sessions[id]
+	if !ok {
+		return 0, nil
+	}
+	t.setSessionLocked(id, s.ttl, t.now()+s.ttl)
+	return s.ttl, nil
+}
+
+// SessionDeadline returns when a session expires unless kept alive.
+func (t *Timers) SessionDeadline(id string) (time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.sessions[id]
+	if !ok {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(s.deadline), true
+}
+
+// Observe updates timers from the events of a committed command.
+func (t *Timers) Observe(events []locktable.Event) {
+	if len(events) == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.running {
+		return
+	}
+	for _, ev := range events {
+		switch ev.Kind {
+		case locktable.EvGranted, locktable.EvRenewed:
+			delete(t.waiters, waiterKey{ev.Lock, ev.ClientID})
+			if ev.ExpiresAt > 0 {
+				t.setLockLocked(ev.Lock, ev.Token, ev.ExpiresAt)
+			} else if lt, ok := t.locks[ev.Lock]; ok && lt.token == ev.Token {
+				delete(t.locks, ev.Lock)
+			}
+		case locktable.EvReleased, locktable.EvLost:
+			if lt, ok := t.locks[ev.Lock]; ok && lt.token == ev.Token {
+				delete(t.locks, ev.Lock)
+			}
+		case locktable.EvQueued:
+			t.setWaiterLocked(ev.Lock, ev.ClientID, ev.Deadline)
+		case locktable.EvWaitEnded:
+			delete(t.waiters, waiterKey{ev.Lock, ev.ClientID})
+		case locktable.EvSessionCreated:
+			if _, ok := t.sessions[ev.SessionID]; !ok {
+				t.setSessionLocked(ev.SessionID, ev.TTLms, t.now()+ev.TTLms)
+			}
+		case locktable.EvSessionEnded:
+			delete(t.sessions, ev.SessionID)
+		}
+	}
+}
+
+func (t *Timers) setLockLocked(lock string, token uint64, at int64) {
+	t.locks[lock] = lockTimer{token: token, at: at}
+	t.pushLocked(item{at: at, kind: kLock, lock: lock, token: token})
+}
+
+func (t *Timers) setWaiterLocked(lock, client string, deadline int64) {
+	t.waiters[waiterKey{lock, client}] = deadline
+	t.pushLocked(item{at: deadline, kind: kWaiter, lock: lock, client: client})
+}
+
+func (t *Timers) setSessionLocked(id string, ttl, deadline int64) {
+	s, ok := t.sessions[id]
+	if !ok {
+		s = &sessionTimer{ttl: ttl}
+		t.sessions[id] = s
+	}
+	moved := s.deadline != 0 && deadline > s.deadline
+	s.deadline = deadline
+	// A keepalive only moves the deadline out; the item already queued for
+	// the old deadline re-arms itself when it fires (lazy), so a busy
+	// session costs one heap item per TTL, not one per keepalive.
+	if !moved {
+		t.pushLocked(item{at: deadline, kind: kSession, id: id})
+	}
+}
+
+func (t *Timers) pushLocked(it item) {
+	heap.Push(&t.h, it)
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// loop sleeps until the earliest timer, then hands due items that are still
+// current to the workers. Stale heap items (superseded by a renew, a
+// keepalive or a release) are dropped here.
+func (t *Timers) loop(ctx context.Context, jobs chan<- item) {
+	defer t.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		t.mu.Lock()
+		var due []item
+		now := t.now()
+		next := int64(-1)
+		for t.h.Len() > 0 {
+			it := t.h[0]
+			if it.at > now {
+				next = it.at
+				break
+			}
+			heap.Pop(&t.h)
+			if t.currentLocked(it, now) {
+				due = append(due, it)
+			}
+		}
+		t.mu.Unlock()
+		for _, it := range due {
+			select {
+			case jobs <- it:
+			case <-ctx.Done():
+				return
+			}
+		}
+		wait := time.Hour
+		if next >= 0 {
+			wait = time.Duration(next-now) * time.Millisecond
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-t.wake:
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+		}
+	}
+}
+
+// currentLocked says whether a popped item still stands for a live timer;
+// a session whose deadline moved is re-armed at the new deadline.
+func (t *Timers) currentLocked(it item, now int64) bool {
+	switch it.kind {
+	case kLock:
+		lt, ok := t.locks[it.lock]
+		return ok && lt.token == it.token && lt.at == it.at
+	case kWaiter:
+		d, ok := t.waiters[waiterKey{it.lock, it.client}]
+		return ok && d == it.at
+	case kSession:
+		s, ok := t.sessions[it.id]
+		if !ok {
+			return false
+		}
+		if s.deadline > now {
+			heap.Push(&t.h, item{at: s.deadline, kind: kSession, id: it.id})
+			return false
+		}
+		return true
+	}
+	return false
+}
+
+func (t *Timers) worker(ctx context.Context, jobs <-chan item) {
+	defer t.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case it := <-jobs:
+			t.fire(ctx, it)
+		}
+	}
+}
+
+// fire proposes the command for a due timer. When the state machine says
+// "not yet" (clock skew between leaders, a renew that raced the timer) the
+// timer is re-armed from the replicated state.
+func (t *Timers) fire(ctx context.Context, it item) {
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var cmd locktable.Command
+	switch it.kind {
+	case kLock:
+		cmd = locktable.Command{Op: locktable.OpExpireLock, Lock: it.lock, Token: it.token}
+	case kWaiter:
+		cmd = locktable.Command{Op: locktable.OpTimeoutWaiter, Lock: it.lock, ClientID: it.client}
+	case kSession:
+		t.mu.Lock()
+		s, ok := t.sessions[it.id]
+		stillDue := ok && s.deadline <= t.now()
+		t.mu.Unlock()
+		if !stillDue {
+			return // a keepalive arrived while the job was queued
+		}
+		cmd = locktable.Command{Op: locktable.OpExpireSession, SessionID: it.id}
+		t.log.Debug("session expired", "session", it.id)
+	}
+	res, err := t.cfg.Proposer.Propose(pctx, cmd)
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		t.log.Debug("timer proposal failed; retrying", "op", cmd.Op, "err", err)
+		t.rearm(it, t.now()+t.cfg.Retry.Milliseconds())
+		return
+	}
+	if len(res.Events) > 0 {
+		return // it acted; Observe already updated the timers
+	}
+	// A no-op: find out from the replicated state whether it is still due.
+	switch it.kind {
+	case kLock:
+		var li locktable.LockInfo
+		t.cfg.Viewer.View(func(tab *locktable.Table) { li = tab.Get(it.lock) })
+		if li.Held && li.Token == it.token && li.ExpiresAt > 0 {
+			t.rearm(it, max(li.ExpiresAt, t.now()+t.cfg.Retry.Milliseconds()))
+		} else {
+			t.mu.Lock()
+			if lt, ok := t.locks[it.lock]; ok && lt.token == it.token {
+				delete(t.locks, it.lock)
+			}
+			t.mu.Unlock()
+		}
+	case kWaiter:
+		var deadline int64
+		t.cfg.Viewer.View(func(tab *locktable.Table) {
+			for _, w := range tab.Waiters(it.lock) {
+				if w.ClientID == it.client {
+					deadline = w.Deadline
+				}
+			}
+		})
+		if deadline > 0 {
+			t.rearm(it, max(deadline, t.now()+t.cfg.Retry.Milliseconds()))
+		} else {
+			t.mu.Lock()
+			delete(t.waiters, waiterKey{it.lock, it.client})
+			t.mu.Unlock()
+		}
+	}
+}
+
+func (t *Timers) rearm(it item, at int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.running {
+		return
+	}
+	switch it.kind {
+	case kLock:
+		if lt, ok := t.locks[it.lock]; ok && lt.token == it.token {
+			t.setLockLocked(it.lock, it.token, at)
+		}
+	case kWaiter:
+		if _, ok := t.waiters[waiterKey{it.lock, it.client}]; ok {
+			t.setWaiterLocked(it.lock, it.client, at)
+		}
+	case kSession:
+		if s, ok := t.sessions[it.id]; ok {
+			s.deadline = max(s.deadline, at)
+			heap.Push(&t.h, item{at: s.deadline, kind: kSession, id: it.id})
+		}
+	}
+}

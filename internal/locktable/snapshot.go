@@ -1,0 +1,140 @@
+package locktable
+
+import (
+	"bytes"
+	"fmt"
+)
+
+// snapshotMagic and snapshotVersion open every snapshot. A member refuses a
+// snapshot of a newer format instead of misreading it.
+const (
+	snapshotMagic   = "LOCKDSNP"
+	snapshotVersion = 1
+)
+
+// Snapshot encodes the whole table. The encoding is canonical (maps are
+// written in key order), so equal tables give byte-identical snapshots.
+func (t *Table) Snapshot() []byte {
+	w := &writer{b: make([]byte, 0, 64+len(t.locks)*64+len(t.sessions)*48)}
+	w.b = append(w.b, snapshotMagic...)
+	w.byte(snapshotVersion)
+	w.uvarint(t.lastToken)
+
+	w.uvarint(uint64(len(t.sessions)))
+	for _, id := range sortedKeys(t.sessions) {
+		s := t.sessions[id]
+		w.string(s.ID)
+		w.string(s.ClientID)
+		w.varint(s.TTLms)
+		w.varint(s.CreatedAt)
+	}
+
+	w.uvarint(uint64(len(t.locks)))
+	for _, name := range sortedKeys(t.locks) {
+		l := t.locks[name]
+		w.string(l.Name)
+		if h := l.Holder; h != nil {
+			w.byte(1)
+			w.string(h.ClientID)
+			w.string(h.SessionID)
+			w.uvarint(h.Token)
+			w.varint(h.TTLms)
+			w.varint(h.ExpiresAt)
+			w.varint(h.GrantedAt)
+		} else {
+			w.byte(0)
+		}
+		w.uvarint(uint64(len(l.Waiters)))
+		for _, q := range l.Waiters {
+			w.string(q.ClientID)
+			w.string(q.SessionID)
+			w.varint(q.TTLms)
+			w.varint(q.Deadline)
+			w.varint(q.EnqueuedAt)
+		}
+	}
+
+	w.uvarint(uint64(len(t.members)))
+	for _, id := range sortedKeys(t.members) {
+		m := t.members[id]
+		w.string(m.ID)
+		w.string(m.RaftAddr)
+		w.string(m.HTTPAddr)
+	}
+
+	// The release memo in age order, oldest first.
+	w.uvarint(uint64(len(t.memo)))
+	for i := range t.memo {
+		m := t.memo[(t.memoHead+i)%len(t.memo)]
+		w.string(m.Lock)
+		w.uvarint(m.Token)
+		w.string(m.ClientID)
+	}
+	return w.b
+}
+
+// Restore decodes a snapshot made by Snapshot into a new table.
+func Restore(b []byte) (*Table, error) {
+	if !bytes.HasPrefix(b, []byte(snapshotMagic)) {
+		return nil, fmt.Errorf("%w: not a lockd snapshot", ErrCorrupt)
+	}
+	r := &reader{b: b[len(snapshotMagic):]}
+	if v := r.byte(); r.err == nil && v != snapshotVersion {
+		return nil, fmt.Errorf("%w: snapshot format %d (this build reads %d)", ErrCorrupt, v, snapshotVersion)
+	}
+	t := New()
+	t.lastToken = r.uvarint()
+
+	n := r.count(4)
+	for i := 0; i < n && r.err == nil; i++ {
+		s := &Session{ID: r.string(), ClientID: r.string(), TTLms: r.varint(), CreatedAt: r.varint()}
+		t.sessions[s.ID] = s
+	}
+
+	n = r.count(3)
+	for i := 0; i < n && r.err == nil; i++ {
+		l := &Lock{Name: r.string()}
+		if r.byte() == 1 {
+			h := &Holder{ClientID: r.string(), SessionID: r.string(), Token: r.uvarint(),
+				TTLms: r.varint(), ExpiresAt: r.varint(), GrantedAt: r.varint()}
+			if h.Token > t.lastToken {
+				r.fail("holder token above counter")
+			}
+			l.Holder = h
+			if s, ok := t.sessions[h.SessionID]; ok {
+				s.index(&s.holds)[l.Name] = struct{}{}
+			}
+		}
+		wn := r.count(5)
+		for j := 0; j < wn && r.err == nil; j++ {
+			q := Waiter{ClientID: r.string(), SessionID: r.string(), TTLms: r.varint(),
+				Deadline: r.varint(), EnqueuedAt: r.varint()}
+			l.Waiters = append(l.Waiters, q)
+			if s, ok := t.sessions[q.SessionID]; ok {
+				s.index(&s.waits)[l.Name] = struct{}{}
+			}
+		}
+		t.locks[l.Name] = l
+	}
+
+	n = r.count(3)
+	for i := 0; i < n && r.err == nil; i++ {
+		m := Member{ID: r.string(), RaftAddr: r.string(), HTTPAddr: r.string()}
+		t.members[m.ID] = m
+	}
+
+	n = r.count(3)
+	if n > releaseMemoSize {
+		r.fail("release memo too large")
+	}
+	for i := 0; i < n && r.err == nil; i++ {
+		t.remember(r.string(), r.uvarint(), r.string())
+	}
+	if r.err == nil && len(r.b) != 0 {
+		r.fail("trailing bytes")
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return t, nil
+}

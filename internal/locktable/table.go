@@ -1,0 +1,231 @@
+// Package locktable is lockd's replicated state machine: named locks with
+// holders and FIFO wait queues, client sessions, the member address book and
+// the one global fencing-token counter.
+//
+// It is pure and deterministic. Apply reads no clock (time arrives in the
+// command, stamped by the leader), does no I/O and starts no goroutine, so
+// every member that applies the same log reaches byte-identical state. It is
+// not safe for concurrent use; the Raft adapter serialises access.
+package locktable
+
+import (
+	"sort"
+	"strings"
+)
+
+// Holder is the current owner of a lock.
+type Holder struct {
+	ClientID  string
+	SessionID string // "" for a lock held by TTL alone
+	Token     uint64
+	TTLms     int64 // 0: no TTL of its own (held through its session)
+	ExpiresAt int64 // unix ms; 0 when TTLms is 0
+	GrantedAt int64
+}
+
+// Waiter is a queued acquire.
+type Waiter struct {
+	ClientID   string
+	SessionID  string
+	TTLms      int64 // TTL the grant will carry
+	Deadline   int64 // unix ms after which it must never be granted
+	EnqueuedAt int64
+}
+
+// Lock is one named lock. It exists in the table while held or waited on.
+type Lock struct {
+	Name    string
+	Holder  *Holder
+	Waiters []Waiter
+}
+
+// Session is a client session kept alive by keepalives to the leader.
+type Session struct {
+	ID        string
+	ClientID  string
+	TTLms     int64
+	CreatedAt int64
+
+	// Indexes rebuilt from locks; never encoded.
+	holds map[string]struct{}
+	waits map[string]struct{}
+}
+
+// Member is a cluster member's published addresses.
+type Member struct {
+	ID       string
+	RaftAddr string
+	HTTPAddr string
+}
+
+// releaseMemo remembers recent explicit releases so a retried release (its
+// first reply lost to a timeout or a leader change) is answered "released"
+// instead of not_holder. Bounded and deterministic: a ring in log order.
+type releaseMemo struct {
+	Lock     string
+	Token    uint64
+	ClientID string
+}
+
+const releaseMemoSize = 4096
+
+// Table is the whole replicated state.
+type Table struct {
+	lastToken uint64
+	locks     map[string]*Lock
+	sessions  map[string]*Session
+	members   map[string]Member
+	memo      []releaseMemo // ring, oldest at memoHead once full
+	memoHead  int
+	memoIdx   map[memoKey]string // (lock, token) -> client id
+}
+
+type memoKey struct {
+	lock  string
+	token uint64
+}
+
+// New returns an empty table.
+func New() *Table {
+	return &Table{
+		locks:    map[string]*Lock{},
+		sessions: map[string]*Session{},
+		members:  map[string]Member{},
+		memoIdx:  map[memoKey]string{},
+	}
+}
+
+// LastToken is the highest fencing token ever issued (0 before the first).
+func (t *Table) LastToken() uint64 { return t.lastToken }
+
+// LockInfo is a read-only copy of one lock's state.
+type LockInfo struct {
+	Name      string
+	Held      bool
+	ClientID  string
+	SessionID string
+	Token     uint64
+	TTLms     int64
+	ExpiresAt int64
+	Waiters   int
+}
+
+func (l *Lock) info() LockInfo {
+	li := LockInfo{Name: l.Name, Waiters: len(l.Waiters)}
+	if h := l.Holder; h != nil {
+		li.Held, li.ClientID, li.SessionID = true, h.ClientID, h.SessionID
+		li.Token, li.TTLms, li.ExpiresAt = h.Token, h.TTLms, h.ExpiresAt
+	}
+	return li
+}
+
+// Get returns the state of one lock; a lock nobody holds or waits on is
+// reported free.
+func (t *Table) Get(name string) LockInfo {
+	if l, ok := t.locks[name]; ok {
+		return l.info()
+	}
+	return LockInfo{Name: name}
+}
+
+// List returns every lock whose name starts with prefix, sorted by name.
+func (t *Table) List(prefix string, limit int) []LockInfo {
+	out := []LockInfo{}
+	for _, name := range sortedKeys(t.locks) {
+		if strings.HasPrefix(name, prefix) {
+			out = append(out, t.locks[name].info())
+			if limit > 0 && len(out) >= limit {
+				break
+			}
+		}
+	}
+	return out
+}
+
+// WaiterInfo is a read-only copy of one waiter, with its lock's name.
+type WaiterInfo struct {
+	Lock string
+	Waiter
+	Position int
+}
+
+// Waiters returns the queue of one lock in grant order.
+func (t *Table) Waiters(name string) []Waiter {
+	l, ok := t.locks[name]
+	if !ok {
+		return nil
+	}
+	return append([]Waiter(nil), l.Waiters...)
+}
+
+// Session returns a copy of a session and whether it exists.
+func (t *Table) Session(id string) (Session, bool) {
+	s, ok := t.sessions[id]
+	if !ok {
+		return Session{}, false
+	}
+	return Session{ID: s.ID, ClientID: s.ClientID, TTLms: s.TTLms, CreatedAt: s.CreatedAt}, true
+}
+
+// Members returns the published member addresses, sorted by id.
+func (t *Table) Members() []Member {
+	out := make([]Member, 0, len(t.members))
+	for _, id := range sortedKeys(t.members) {
+		out = append(out, t.members[id])
+	}
+	return out
+}
+
+// Stats counts what the table holds, for metrics.
+type Stats struct {
+	Locks, Held, Waiters, Sessions int
+	LastToken                      uint64
+}
+
+// Stats returns the table's counts.
+func (t *Table) Stats() Stats {
+	s := Stats{Locks: len(t.locks), Sessions: len(t.sessions), LastToken: t.lastToken}
+	for _, l := range t.locks {
+		if l.Holder != nil {
+			s.Held++
+		}
+		s.Waiters += len(l.Waiters)
+	}
+	return s
+}
+
+// ForEachHeld calls fn for every held lock, in name order. Leader timers
+// use it to rebuild expiry timers after an election.
+func (t *Table) ForEachHeld(fn func(LockInfo)) {
+	for _, name := range sortedKeys(t.locks) {
+		if l := t.locks[name]; l.Holder != nil {
+			fn(l.info())
+		}
+	}
+}
+
+// ForEachWaiter calls fn for every waiter, lock by lock in name order.
+func (t *Table) ForEachWaiter(fn func(WaiterInfo)) {
+	for _, name := range sortedKeys(t.locks) {
+		for i, w := range t.locks[name].Waiters {
+			fn(WaiterInfo{Lock: name, Waiter: w, Position: i})
+		}
+	}
+}
+
+// ForEachSession calls fn for every session, in id order.
+func (t *Table) ForEachSession(fn func(Session)) {
+	for _, id := range sortedKeys(t.sessions) {
+		s := t.sessions[id]
+		fn(Session{ID: s.ID, ClientID: s.ClientID, TTLms: s.TTLms, CreatedAt: s.CreatedAt})
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,581 @@
+// Package raftnode is the only package that imports hashicorp/raft. It runs
+// one member: durable log and stable store (raft-boltdb), file snapshots,
+// the TCP transport, the FSM adapter around the pure lock table, proposals
+// with a clear "unknown outcome", linearizable reads, membership changes and
+// leadership transfer.
+package raftnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/lockd/lockd/internal/locktable"
+)
+
+// Sentinel errors. ErrNotLeader means nothing was proposed: retrying on the
+// leader is safe. ErrUnknownOutcome means the command may or may not commit
+// (hashicorp/raft's ErrLeadershipLost: a new leader often commits it), so a
+// retry must be idempotent.
+var (
+	ErrNotLeader      = errors.New("raftnode: not the leader")
+	ErrUnknownOutcome = errors.New("raftnode: outcome unknown (leadership lost before commit)")
+	ErrShutdown       = errors.New("raftnode: shut down")
+)
+
+// Peer is a member of a static bootstrap.
+type Peer struct {
+	ID       string
+	RaftAddr string
+}
+
+// Config configures one member.
+type Config struct {
+	ID        string
+	DataDir   string
+	RaftAddr  string // listen address
+	Advertise string // address other members dial; defaults to the listen address
+	// InitialCluster bootstraps a new cluster of these members (this one
+	// included). Empty and Join false: bootstrap a one-member cluster.
+	// Ignored when the data dir already holds state.
+	InitialCluster []Peer
+	Join           bool
+
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	CommitTimeout      time.Duration
+	SnapshotThreshold  uint64
+	SnapshotInterval   time.Duration
+	TrailingLogs       uint64
+	SnapshotRetain     int
+	// LogStore selects the log backend: "bolt" (raft-boltdb/v2, durable) or
+	// "memory" (tests only: nothing survives a restart).
+	LogStore string
+
+	// Listener and Dial replace the TCP listener and dialer of the Raft
+	// transport; tests use them to cut and delay links.
+	Listener net.Listener
+	Dial     func(addr string, timeout time.Duration) (net.Conn, error)
+
+	Logger       *slog.Logger
+	RaftLogLevel string // hclog level for hashicorp/raft's own messages
+	RaftLogJSON  bool
+	RaftLogOut   io.Writer
+}
+
+func (c *Config) setDefaults() {
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = 300 * time.Millisecond
+	}
+	if c.ElectionTimeout == 0 {
+		c.ElectionTimeout = 300 * time.Millisecond
+	}
+	if c.LeaderLeaseTimeout == 0 {
+		c.LeaderLeaseTimeout = c.HeartbeatTimeout / 2
+	}
+	if c.CommitTimeout == 0 {
+		c.CommitTimeout = 50 * time.Millisecond
+	}
+	if c.SnapshotThreshold == 0 {
+		c.SnapshotThreshold = 8192
+	}
+	if c.SnapshotInterval == 0 {
+		c.SnapshotInterval = 120 * time.Second
+	}
+	if c.TrailingLogs == 0 {
+		c.TrailingLogs = 10240
+	}
+	if c.SnapshotRetain == 0 {
+		c.SnapshotRetain = 3
+	}
+	if c.LogStore == "" {
+		c.LogStore = "bolt"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.RaftLogLevel == "" {
+		c.RaftLogLevel = "warn"
+	}
+	if c.RaftLogOut == nil {
+		c.RaftLogOut = os.Stderr
+	}
+}
+
+// Node is one running member.
+type Node struct {
+	cfg       Config
+	raft      *raft.Raft
+	fsm       *fsm
+	transport *raft.NetworkTransport
+	closers   []io.Closer
+	log       *slog.Logger
+
+	notifyCh chan bool
+	changed  chan struct{} // coalesced leadership-change signal
+	isLeader atomic.Bool
+	epoch    atomic.Uint64 // bumps on every leadership change seen
+	hadState bool
+	done     chan struct{}
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+}
+
+// New opens the stores, starts Raft and, for a new data dir, bootstraps.
+func New(cfg Config) (*Node, error) {
+	cfg.setDefaults()
+	if cfg.ID == "" {
+		return nil, errors.New("raftnode: empty member id")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("raftnode: data dir: %w", err)
+	}
+	n := &Node{cfg: cfg, fsm: newFSM(), log: cfg.Logger,
+		notifyCh: make(chan bool, 64), changed: make(chan struct{}, 1), done: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			n.closeStores()
+		}
+	}()
+
+	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft." + cfg.ID, Level: hclog.LevelFromString(cfg.RaftLogLevel),
+		Output: cfg.RaftLogOut, JSONFormat: cfg.RaftLogJSON})
+
+	var logs raft.LogStore
+	var stable raft.StableStore
+	switch cfg.LogStore {
+	case "bolt":
+		bolt, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db")})
+		if err != nil {
+			return nil, fmt.Errorf("raftnode: open log store: %w", err)
+		}
+		n.closers = append(n.closers, bolt)
+		cache, err := raft.NewLogCache(512, bolt)
+		if err != nil {
+			return nil, err
+		}
+		logs, stable = cache, bolt
+	case "memory":
+		mem := raft.NewInmemStore()
+		logs, stable = mem, mem
+	default:
+		return nil, fmt.Errorf("raftnode: unknown log store %q", cfg.LogStore)
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotRetain, hlog)
+	if err != nil {
+		return nil, fmt.Errorf("raftnode: snapshot store: %w", err)
+	}
+
+	ln := cfg.Listener
+	if ln == nil {
+		ln, err = net.Listen("tcp", cfg.RaftAddr)
+		if err != nil {
+			return nil, fmt.Errorf("raftnode: listen %s: %w", cfg.RaftAddr, err)
+		}
+	}
+	adv := cfg.Advertise
+	if adv == "" {
+		adv = ln.Addr().String()
+	}
+	advAddr, err := net.ResolveTCPAddr("tcp", adv)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("raftnode: advertise address %q: %w", adv, err)
+	}
+	if advAddr.IP == nil || advAddr.IP.IsUnspecified() {
+		ln.Close()
+		return nil, fmt.Errorf("raftnode: advertise address %q is not a dialable address", adv)
+	}
+	n.cfg.Advertise = adv
+	stream := &streamLayer{Listener: ln, advertise: advAddr, dial: cfg.Dial}
+	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: stream, MaxPool: 5, Timeout: 10 * time.Second, Logger: hlog,
+	})
+	n.closers = append(n.closers, n.transport)
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.ID)
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.CommitTimeout
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.NotifyCh = n.notifyCh
+	rc.Logger = hlog
+	rc.NoLegacyTelemetry = true
+	if err := raft.ValidateConfig(rc); err != nil {
+		return nil, fmt.Errorf("raftnode: %w", err)
+	}
+
+	hasState, err := raft.HasExistingState(logs, stable, snaps)
+	if err != nil {
+		return nil, fmt.Errorf("raftnode: inspect data dir: %w", err)
+	}
+	r, err := raft.NewRaft(rc, n.fsm, logs, stable, snaps, n.transport)
+	if err != nil {
+		return nil, fmt.Errorf("raftnode: start raft: %w", err)
+	}
+	n.raft = r
+	n.hadState = hasState
+
+	switch {
+	case hasState:
+		n.log.Info("restarting on existing state", "data_dir", cfg.DataDir)
+	case len(cfg.InitialCluster) > 0:
+		var servers []raft.Server
+		for _, p := range cfg.InitialCluster {
+			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.RaftAddr)})
+		}
+		if err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+			r.Shutdown()
+			return nil, fmt.Errorf("raftnode: bootstrap: %w", err)
+		}
+		n.log.Info("bootstrapped a new cluster", "members", len(servers))
+	case !cfg.Join:
+		err := r.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter,
+			ID: raft.ServerID(cfg.ID), Address: raft.ServerAddress(adv)}}}).Error()
+		if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+			r.Shutdown()
+			return nil, fmt.Errorf("raftnode: bootstrap: %w", err)
+		}
+		n.log.Info("bootstrapped a one-member cluster")
+	default:
+		n.log.Info("waiting to be added to an existing cluster")
+	}
+
+	n.wg.Add(1)
+	go n.watchLeadership()
+	ok = true
+	return n, nil
+}
+
+// watchLeadership drains raft's NotifyCh at once (a full channel blocks
+// Raft: Consul #6852) and turns it into a coalesced signal. It never calls
+// into Raft.
+func (n *Node) watchLeadership() {
+	defer n.wg.Done()
+	for {
+		select {
+		case v := <-n.notifyCh:
+			n.isLeader.Store(v)
+			n.epoch.Add(1)
+			select {
+			case n.changed <- struct{}{}:
+			default:
+			}
+		case <-n.done:
+			return
+		}
+	}
+}
+
+// LeadershipChanged signals (coalesced) that leadership may have changed;
+// read IsLeader and Epoch after it fires.
+func (n *Node) LeadershipChanged() <-chan struct{} { return n.changed }
+
+// IsLeader reports what Raft last told: a hint, not a lease.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// Epoch counts leadership changes seen by this member.
+func (n *Node) Epoch() uint64 { return n.epoch.Load() }
+
+// HadState reports whether the data dir held Raft state at start (a
+// restart rather than a new member).
+func (n *Node) HadState() bool { return n.hadState }
+
+// ID is this member's id.
+func (n *Node) ID() string { return n.cfg.ID }
+
+// RaftAddr is the address other members dial.
+func (n *Node) RaftAddr() string { return n.cfg.Advertise }
+
+// Leader returns the id and Raft address of the leader this member knows.
+func (n *Node) Leader() (id, addr string) {
+	a, i := n.raft.LeaderWithID()
+	return string(i), string(a)
+}
+
+// Term is the current Raft term.
+func (n *Node) Term() uint64 { return n.raft.CurrentTerm() }
+
+// State is "Leader", "Follower", "Candidate" or "Shutdown".
+func (n *Node) State() string { return n.raft.State().String() }
+
+// CommitIndex and AppliedIndex expose progress for readiness checks.
+func (n *Node) CommitIndex() uint64  { return n.raft.CommitIndex() }
+func (n *Node) AppliedIndex() uint64 { return n.fsm.applied.Load() }
+
+// LastContact is when this member last heard from a leader.
+func (n *Node) LastContact() time.Time { return n.raft.LastContact() }
+
+// Stats returns hashicorp/raft's own counters.
+func (n *Node) Stats() map[string]string { return n.raft.Stats() }
+
+// View runs fn with the table under a read lock: a local (possibly stale)
+// read. Pair it with ReadIndex for a linearizable one.
+func (n *Node) View(fn func(t *locktable.Table)) {
+	n.fsm.mu.RLock()
+	defer n.fsm.mu.RUnlock()
+	fn(n.fsm.table)
+}
+
+// Propose replicates cmd and returns the state machine's result once it is
+// committed and applied here.
+func (n *Node) Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error) {
+	if n.raft.State() != raft.Leader {
+		return locktable.Result{}, ErrNotLeader
+	}
+	enqueue := 5 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		if d := time.Until(dl); d < enqueue {
+			enqueue = max(d, time.Millisecond)
+		}
+	}
+	f := n.raft.Apply(cmd.Encode(), enqueue)
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return locktable.Result{}, mapApplyErr(err)
+		}
+		res, _ := f.Response().(locktable.Result)
+		return res, nil
+	case <-ctx.Done():
+		return locktable.Result{}, fmt.Errorf("%w: %v", ErrUnknownOutcome, ctx.Err())
+	}
+}
+
+func mapApplyErr(err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress),
+		errors.Is(err, raft.ErrEnqueueTimeout):
+		return fmt.Errorf("%w: %v", ErrNotLeader, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return ErrShutdown
+	default: // ErrLeadershipLost and anything else after enqueue
+		return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
+	}
+}
+
+// Barrier waits until everything committed before it is applied here. A new
+// leader calls it before serving or starting timers.
+func (n *Node) Barrier(ctx context.Context) error {
+	timeout := 30 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = max(time.Until(dl), time.Millisecond)
+	}
+	if err := n.raft.Barrier(timeout).Error(); err != nil {
+		return mapApplyErr(err)
+	}
+	return nil
+}
+
+// ReadIndex makes the next View linearizable: it confirms leadership with a
+// quorum and waits until everything committed at the time of the call is
+// applied here (hashicorp/raft has no ReadIndex; this is rqlite's recipe).
+// It must only be used after the leader's post-election Barrier.
+func (n *Node) ReadIndex(ctx context.Context) error {
+	if n.raft.State() != raft.Leader {
+		return ErrNotLeader
+	}
+	term := n.raft.CurrentTerm()
+	idx := n.raft.CommitIndex()
+	if err := n.raft.VerifyLeader().Error(); err != nil {
+		return fmt.Errorf("%w: %v", ErrNotLeader, err)
+	}
+	if n.raft.CurrentTerm() != term {
+		return ErrNotLeader
+	}
+	return n.WaitApplied(ctx, idx)
+}
+
+// WaitApplied blocks until the applied index reaches idx.
+func (n *Node) WaitApplied(ctx context.Context, idx uint64) error {
+	for {
+		cur, ch := n.fsm.appliedWait()
+		if cur >= idx {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-n.done:
+			return ErrShutdown
+		}
+	}
+}
+
+// Server is one entry of the Raft configuration.
+type Server struct {
+	ID       string
+	RaftAddr string
+	Voter    bool
+}
+
+// Servers returns the current Raft configuration.
+func (n *Node) Servers() ([]Server, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, err
+	}
+	var out []Server
+	for _, s := range f.Configuration().Servers {
+		out = append(out, Server{ID: string(s.ID), RaftAddr: string(s.Address), Voter: s.Suffrage == raft.Voter})
+	}
+	return out, nil
+}
+
+// AddMember adds a member as a non-voter, waits for caughtUp (which should
+// return once the new member has the log), then promotes it to voter. So a
+// lagging newcomer never counts toward the quorum it cannot yet serve.
+func (n *Node) AddMember(ctx context.Context, id, addr string, caughtUp func(context.Context) error) error {
+	if n.raft.State() != raft.Leader {
+		return ErrNotLeader
+	}
+	servers, err := n.Servers()
+	if err != nil {
+		return err
+	}
+	for _, s := range servers {
+		if s.ID == id && s.RaftAddr == addr && s.Voter {
+			return nil // already a voter: an idempotent retry
+		}
+		if s.ID != id && s.RaftAddr == addr {
+			return fmt.Errorf("raftnode: address %s already used by member %s", addr, s.ID)
+		}
+	}
+	if err := n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error(); err != nil {
+		return mapApplyErr(err)
+	}
+	if caughtUp != nil {
+		if err := caughtUp(ctx); err != nil {
+			n.log.Warn("new member did not confirm catch-up; promoting anyway", "id", id, "err", err)
+		}
+	}
+	if err := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error(); err != nil {
+		return mapApplyErr(err)
+	}
+	return nil
+}
+
+// RemoveMember removes a member from the configuration.
+func (n *Node) RemoveMember(id string) error {
+	if n.raft.State() != raft.Leader {
+		return ErrNotLeader
+	}
+	if err := n.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second).Error(); err != nil {
+		return mapApplyErr(err)
+	}
+	return nil
+}
+
+// TransferLeadership hands leadership to the named member, or to the most
+// up-to-date one when to is empty.
+func (n *Node) TransferLeadership(to string) error {
+	if n.raft.State() != raft.Leader {
+		return ErrNotLeader
+	}
+	var f raft.Future
+	if to == "" {
+		f = n.raft.LeadershipTransfer()
+	} else {
+		servers, err := n.Servers()
+		if err != nil {
+			return err
+		}
+		addr := ""
+		for _, s := range servers {
+			if s.ID == to {
+				addr = s.RaftAddr
+			}
+		}
+		if addr == "" {
+			return fmt.Errorf("raftnode: no member %q", to)
+		}
+		f = n.raft.LeadershipTransferToServer(raft.ServerID(to), raft.ServerAddress(addr))
+	}
+	return f.Error()
+}
+
+// Snapshot asks Raft for a snapshot now.
+func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
+
+// Shutdown stops the member: leadership is handed over first when this
+// member leads (a few ms instead of an election timeout of unavailability),
+// then Raft stops and the stores are flushed and closed.
+func (n *Node) Shutdown() error {
+	var err error
+	n.stopOnce.Do(func() {
+		if n.raft.State() == raft.Leader {
+			tf := n.raft.LeadershipTransfer()
+			ch := make(chan error, 1)
+			go func() { ch <- tf.Error() }()
+			select {
+			case e := <-ch:
+				if e != nil {
+					n.log.Info("leadership transfer before shutdown failed", "err", e)
+				}
+			case <-time.After(3 * time.Second):
+			}
+		}
+		err = n.raft.Shutdown().Error()
+		close(n.done)
+		n.wg.Wait()
+		n.closeStores()
+	})
+	return err
+}
+
+// Kill stops the member without handing over leadership (tests use it as
+// a crash that keeps the process).
+func (n *Node) Kill() error {
+	var err error
+	n.stopOnce.Do(func() {
+		err = n.raft.Shutdown().Error()
+		close(n.done)
+		n.wg.Wait()
+		n.closeStores()
+	})
+	return err
+}
+
+func (n *Node) closeStores() {
+	for i := len(n.closers) - 1; i >= 0; i-- {
+		_ = n.closers[i].Close()
+	}
+	n.closers = nil
+}
+
+// streamLayer is raft's TCP stream layer with a pluggable dialer.
+type streamLayer struct {
+	net.Listener
+	advertise net.Addr
+	dial      func(string, time.Duration) (net.Conn, error)
+}
+
+func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	if s.dial != nil {
+		return s.dial(string(addr), timeout)
+	}
+	return net.DialTimeout("tcp", string(addr), timeout)
+}
+
+func (s *streamLayer) Addr() net.Addr { return s.advertise }

@@ -1,0 +1,273 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/httpapi"
+	"github.com/lockd/lockd/internal/leader"
+	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/notify"
+	"github.com/lockd/lockd/internal/raftnode"
+)
+
+// The Server is the httpapi.Backend and the leader.Proposer.
+var (
+	_ httpapi.Backend = (*Server)(nil)
+	_ leader.Proposer = (*Server)(nil)
+)
+
+// Ready reports whether this member is a leader that has finished its
+// post-election barrier.
+func (s *Server) Ready() bool { return s.ready.Load() && s.node.IsLeader() }
+
+// LeaderURL is the leader's HTTP URL as published in the replicated state.
+func (s *Server) LeaderURL() string {
+	id, _ := s.node.Leader()
+	if id == "" {
+		return ""
+	}
+	if id == s.cfg.ID {
+		return s.url
+	}
+	u := ""
+	s.node.View(func(t *locktable.Table) {
+		for _, m := range t.Members() {
+			if m.ID == id {
+				u = m.HTTPAddr
+			}
+		}
+	})
+	return u
+}
+
+// Propose stamps the leader's time into the command, replicates it, and
+// hands the committed events to the timers and to waiting clients — from
+// here, after commit, never from inside Apply.
+func (s *Server) Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error) {
+	cmd.Now = s.cfg.Now().UnixMilli()
+	start := time.Now()
+	res, err := s.node.Propose(ctx, cmd)
+	s.metrics.observePropose(cmd.Op, res, err, time.Since(start))
+	if err != nil {
+		return res, mapErr(err)
+	}
+	events := res.Events
+	for _, b := range res.Batch {
+		events = append(events, b.Events...)
+	}
+	s.timers.Observe(events)
+	s.hub.Publish(events)
+	s.metrics.observeEvents(events)
+	return res, nil
+}
+
+func mapErr(err error) error {
+	switch {
+	case errors.Is(err, raftnode.ErrNotLeader), errors.Is(err, raftnode.ErrShutdown):
+		return fmt.Errorf("%w: %w", httpapi.ErrNotLeader, err)
+	case errors.Is(err, raftnode.ErrUnknownOutcome):
+		return fmt.Errorf("%w: %w", httpapi.ErrUnknownOutcome, err)
+	}
+	return err
+}
+
+// ReadIndex makes the next View linearizable.
+func (s *Server) ReadIndex(ctx context.Context) error {
+	if !s.Ready() {
+		return httpapi.ErrNotLeader
+	}
+	return mapErr(s.node.ReadIndex(ctx))
+}
+
+// View reads the local state.
+func (s *Server) View(fn func(t *locktable.Table)) { s.node.View(fn) }
+
+// Keepalive resets a session's TTL on this leader.
+func (s *Server) Keepalive(id string) (int64, bool, error) {
+	if !s.Ready() {
+		return 0, false, httpapi.ErrNotLeader
+	}
+	ttl, err := s.timers.Keepalive(id)
+	if errors.Is(err, leader.ErrNotRunning) {
+		return 0, false, fmt.Errorf("%w: %w", httpapi.ErrNotLeader, err)
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	return ttl, ttl > 0, nil
+}
+
+// Subscribe delivers committed events about a client.
+func (s *Server) Subscribe(clientID string) *notify.Sub { return s.hub.Subscribe(clientID) }
+
+// NewSessionID returns a random session id.
+func (s *Server) NewSessionID() string { return newSessionID() }
+
+// Sign returns the fencing proof for a grant, or "".
+func (s *Server) Sign(lock string, token uint64, expiresAt int64) string {
+	if s.cfg.Signer == nil {
+		return ""
+	}
+	return s.cfg.Signer(lock, token, expiresAt)
+}
+
+// Cluster describes the configuration as this member sees it.
+func (s *Server) Cluster(ctx context.Context) (api.ClusterStatus, error) {
+	servers, err := s.node.Servers()
+	if err != nil {
+		return api.ClusterStatus{}, err
+	}
+	addrs := map[string]string{}
+	s.node.View(func(t *locktable.Table) {
+		for _, m := range t.Members() {
+			addrs[m.ID] = m.HTTPAddr
+		}
+	})
+	addrs[s.cfg.ID] = s.url
+	id, _ := s.node.Leader()
+	cs := api.ClusterStatus{LeaderID: id, LeaderHTTP: s.LeaderURL(), Term: s.node.Term(), Members: []api.Member{}}
+	for _, sv := range servers {
+		cs.Members = append(cs.Members, api.Member{ID: sv.ID, RaftAddr: sv.RaftAddr, HTTPAddr: addrs[sv.ID], Voter: sv.Voter})
+	}
+	return cs, nil
+}
+
+// AddMember adds a member (non-voter first, promoted once it has caught up)
+// and publishes its HTTP address. For a member already configured at the
+// same Raft address it only publishes: joins and retries are idempotent.
+func (s *Server) AddMember(ctx context.Context, req api.AddMemberRequest) error {
+	if !s.Ready() {
+		return httpapi.ErrNotLeader
+	}
+	httpURL := normalizeURL(req.HTTPAddr)
+	servers, err := s.node.Servers()
+	if err != nil {
+		return err
+	}
+	configured := false
+	for _, sv := range servers {
+		if sv.ID == req.ID && sv.RaftAddr == req.RaftAddr && sv.Voter {
+			configured = true
+		}
+	}
+	if !configured {
+		target := s.node.CommitIndex()
+		err := s.node.AddMember(ctx, req.ID, req.RaftAddr, func(ctx context.Context) error {
+			return s.waitCaughtUp(ctx, httpURL, target)
+		})
+		if err != nil {
+			if errors.Is(err, raftnode.ErrNotLeader) || errors.Is(err, raftnode.ErrUnknownOutcome) {
+				return mapErr(err)
+			}
+			return httpapi.Errorf(api.CodeInvalidArgument, "%s", err.Error())
+		}
+		s.log.Info("member added", "id", req.ID, "raft", req.RaftAddr, "http", httpURL)
+	}
+	_, err = s.Propose(ctx, locktable.Command{Op: locktable.OpSetMember, MemberID: req.ID,
+		RaftAddr: req.RaftAddr, HTTPAddr: httpURL})
+	return err
+}
+
+// waitCaughtUp polls the new member's status until it has applied the
+// leader's commit index as of the add, or gives up after 15 s.
+func (s *Server) waitCaughtUp(ctx context.Context, base string, target uint64) error {
+	if base == "" {
+		return errors.New("no http address to check catch-up")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/status", nil)
+		if resp, err := s.client.Do(req); err == nil {
+			var st api.NodeStatus
+			derr := json.NewDecoder(resp.Body).Decode(&st)
+			resp.Body.Close()
+			if derr == nil && st.AppliedIndex >= target {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// RemoveMember removes a member. A leader asked to remove itself hands
+// leadership over first and lets the client retry on the new leader.
+func (s *Server) RemoveMember(ctx context.Context, id string) error {
+	if !s.Ready() {
+		return httpapi.ErrNotLeader
+	}
+	servers, err := s.node.Servers()
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, sv := range servers {
+		found = found || sv.ID == id
+	}
+	if !found {
+		return httpapi.Errorf(api.CodeNotFound, "%s", "no member "+id)
+	}
+	if id == s.cfg.ID {
+		if err := s.node.TransferLeadership(""); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: leadership handed over before removing this member; retry", httpapi.ErrNotLeader)
+	}
+	if err := s.node.RemoveMember(id); err != nil {
+		return mapErr(err)
+	}
+	s.log.Info("member removed", "id", id)
+	_, err = s.Propose(ctx, locktable.Command{Op: locktable.OpRemoveMember, MemberID: id})
+	return err
+}
+
+// TransferLeadership hands leadership to another member.
+func (s *Server) TransferLeadership(ctx context.Context, to string) error {
+	if !s.Ready() {
+		return httpapi.ErrNotLeader
+	}
+	if to == s.cfg.ID {
+		return nil
+	}
+	if err := s.node.TransferLeadership(to); err != nil {
+		if errors.Is(err, raftnode.ErrNotLeader) {
+			return mapErr(err)
+		}
+		return httpapi.Errorf(api.CodeInvalidArgument, "%s", err.Error())
+	}
+	s.log.Info("leadership transferred", "to", to)
+	return nil
+}
+
+// Status is this member's own view.
+func (s *Server) Status() api.NodeStatus {
+	id, _ := s.node.Leader()
+	st := api.NodeStatus{ID: s.cfg.ID, State: s.node.State(), LeaderID: id, Term: s.node.Term(),
+		CommitIndex: s.node.CommitIndex(), AppliedIndex: s.node.AppliedIndex()}
+	s.node.View(func(t *locktable.Table) { st.LastToken = t.LastToken() })
+	return st
+}
+
+// Readyz: a leader is known and this member's state is current.
+func (s *Server) Readyz() (bool, string) {
+	id, _ := s.node.Leader()
+	switch {
+	case id == "":
+		return false, "no leader known"
+	case id == s.cfg.ID && !s.Ready():
+		return false, "leader still applying entries of earlier terms"
+	case id != s.cfg.ID && s.node.AppliedIndex() < s.node.CommitIndex():
+		return false, "applying committed entries"
+	}
+	return true, ""
+}

@@ -1,0 +1,178 @@
+// Package server is lockd's composition root: it builds a member's parts
+// (Raft node, leader timers, event hub, HTTP API) from a Config, runs the
+// leadership loop that starts and stops the leader-only work, and shuts
+// everything down in order. cmd/lockd and the tests both use it.
+package server
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lockd/lockd/internal/raftnode"
+)
+
+// Config configures one member. Zero durations take the LAN defaults.
+type Config struct {
+	ID       string
+	DataDir  string
+	HTTPAddr string // client API listen address
+	RaftAddr string // Raft transport listen address
+	// HTTPAdvertise is the URL other members and redirected clients use;
+	// default "http://" + the HTTP listen address.
+	HTTPAdvertise string
+	// RaftAdvertise is the address other members dial; default the Raft
+	// listen address.
+	RaftAdvertise string
+	// InitialCluster is "id=raftaddr,id=raftaddr,...": static bootstrap.
+	InitialCluster string
+	// Join is the HTTP URL of any member of an existing cluster.
+	Join string
+
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	SnapshotThreshold  uint64
+	SnapshotInterval   time.Duration
+	TrailingLogs       uint64
+	LogStore           string // "bolt" (default) or "memory" (tests)
+
+	Logger       *slog.Logger
+	RaftLogLevel string
+	Registry     *prometheus.Registry
+	// Signer makes the fencing proof sent with every grant; nil sends none.
+	Signer func(lock string, token uint64, expiresAtMs int64) string
+	Now    func() time.Time
+
+	// Test hooks: pre-opened listeners and a Raft dialer that can be cut.
+	HTTPListener net.Listener
+	RaftListener net.Listener
+	RaftDial     func(addr string, timeout time.Duration) (net.Conn, error)
+}
+
+// Defaults for the timing flags: measured failover p50 ≈ 0.6 s on loopback
+// with pre-vote (library defaults: ≈ 1.9 s).
+const (
+	DefaultHeartbeatTimeout   = 300 * time.Millisecond
+	DefaultElectionTimeout    = 300 * time.Millisecond
+	DefaultLeaderLeaseTimeout = 150 * time.Millisecond
+)
+
+func (c *Config) setDefaults() {
+	if c.ID == "" {
+		c.ID = "node1"
+	}
+	if c.DataDir == "" {
+		c.DataDir = "./lockd-data"
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = "127.0.0.1:7070"
+	}
+	if c.RaftAddr == "" {
+		c.RaftAddr = "127.0.0.1:7071"
+	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = DefaultHeartbeatTimeout
+	}
+	if c.ElectionTimeout == 0 {
+		c.ElectionTimeout = DefaultElectionTimeout
+	}
+	if c.LeaderLeaseTimeout == 0 {
+		c.LeaderLeaseTimeout = min(DefaultLeaderLeaseTimeout, c.HeartbeatTimeout)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate checks the configuration after defaults are applied.
+func (c *Config) Validate() error {
+	c.setDefaults()
+	var errs []error
+	if strings.ContainsAny(c.ID, " ,=/") || len(c.ID) > 128 {
+		errs = append(errs, fmt.Errorf("--id %q: use up to 128 characters without spaces, ',', '=' or '/'", c.ID))
+	}
+	if c.InitialCluster != "" && c.Join != "" {
+		errs = append(errs, errors.New("--initial-cluster and --join are exclusive: bootstrap a new cluster or join an existing one"))
+	}
+	if c.InitialCluster != "" {
+		peers, err := ParseInitialCluster(c.InitialCluster)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			found := false
+			for _, p := range peers {
+				found = found || p.ID == c.ID
+			}
+			if !found {
+				errs = append(errs, fmt.Errorf("--initial-cluster does not list this member's --id %q", c.ID))
+			}
+		}
+	}
+	if c.Join != "" {
+		if u, err := url.Parse(c.Join); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("--join %q: want an HTTP URL such as http://127.0.0.1:7070", c.Join))
+		}
+	}
+	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
+		errs = append(errs, fmt.Errorf("--leader-lease-timeout (%s) must not exceed --heartbeat-timeout (%s)", c.LeaderLeaseTimeout, c.HeartbeatTimeout))
+	}
+	for name, d := range map[string]time.Duration{"--heartbeat-timeout": c.HeartbeatTimeout,
+		"--election-timeout": c.ElectionTimeout, "--leader-lease-timeout": c.LeaderLeaseTimeout} {
+		if d < 5*time.Millisecond {
+			errs = append(errs, fmt.Errorf("%s %s is too short (minimum 5ms)", name, d))
+		}
+	}
+	if c.LogStore != "" && c.LogStore != "bolt" && c.LogStore != "memory" {
+		errs = append(errs, fmt.Errorf("log store %q: want bolt or memory", c.LogStore))
+	}
+	return errors.Join(errs...)
+}
+
+// ParseInitialCluster parses "id=raftaddr,id=raftaddr,...".
+func ParseInitialCluster(s string) ([]raftnode.Peer, error) {
+	var peers []raftnode.Peer
+	seen := map[string]bool{}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		id, addr, ok := strings.Cut(part, "=")
+		if !ok || id == "" || addr == "" {
+			return nil, fmt.Errorf("--initial-cluster entry %q: want id=host:port", part)
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("--initial-cluster entry %q: %v", part, err)
+		}
+		if seen[id] {
+			return nil, fmt.Errorf("--initial-cluster lists id %q twice", id)
+		}
+		seen[id] = true
+		peers = append(peers, raftnode.Peer{ID: id, RaftAddr: addr})
+	}
+	if len(peers) == 0 {
+		return nil, errors.New("--initial-cluster is empty")
+	}
+	return peers, nil
+}
+
+// normalizeURL turns "host:port" into "http://host:port".
+func normalizeURL(s string) string {
+	if s == "" || strings.Contains(s, "://") {
+		return strings.TrimRight(s, "/")
+	}
+	return "http://" + s
+}

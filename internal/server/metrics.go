@@ -1,0 +1,134 @@
+package server
+
+import (
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/raftnode"
+)
+
+// metrics are registered on the registry passed in the Config, never on a
+// global one, so two members in one test process keep separate counters.
+type metrics struct {
+	reg        prometheus.Registerer
+	collectors []prometheus.Collector
+
+	proposeSeconds *prometheus.HistogramVec
+	acquires       *prometheus.CounterVec
+	events         *prometheus.CounterVec
+}
+
+func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
+	m := &metrics{reg: reg}
+	m.proposeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "lockd_propose_duration_seconds",
+		Help:    "Time from proposing a command to its commit and apply on the leader, by command and outcome.",
+		Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5},
+	}, []string{"op", "outcome"})
+	m.acquires = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockd_acquire_total", Help: "Acquire commands by outcome (granted, queued, lock_held, ...).",
+	}, []string{"outcome"})
+	m.events = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockd_events_total",
+		Help: "Committed state changes: grants, releases, expiries, wait timeouts, session expiries.",
+	}, []string{"kind"})
+	stat := func(name, help string, f func(locktable.Stats) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+			var st locktable.Stats
+			s.node.View(func(t *locktable.Table) { st = t.Stats() })
+			return f(st)
+		})
+	}
+	raftStat := func(name, help, key string) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+			v, _ := strconv.ParseFloat(s.node.Stats()[key], 64)
+			return v
+		})
+	}
+	m.collectors = []prometheus.Collector{
+		m.proposeSeconds, m.acquires, m.events,
+		stat("lockd_locks_held", "Locks currently held.", func(st locktable.Stats) float64 { return float64(st.Held) }),
+		stat("lockd_waiters", "Acquires waiting in lock queues.", func(st locktable.Stats) float64 { return float64(st.Waiters) }),
+		stat("lockd_sessions", "Live client sessions.", func(st locktable.Stats) float64 { return float64(st.Sessions) }),
+		stat("lockd_fencing_token_high_water", "Highest fencing token issued.", func(st locktable.Stats) float64 { return float64(st.LastToken) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lockd_is_leader", Help: "1 when this member is the ready leader."},
+			func() float64 {
+				if s.Ready() {
+					return 1
+				}
+				return 0
+			}),
+		raftStat("lockd_raft_term", "Current Raft term.", "term"),
+		raftStat("lockd_raft_commit_index", "Raft commit index.", "commit_index"),
+		raftStat("lockd_raft_applied_index", "Raft applied index.", "applied_index"),
+		raftStat("lockd_raft_last_snapshot_index", "Index of the last snapshot.", "last_snapshot_index"),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	}
+	for _, c := range m.collectors {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				s.log.Warn("metric registration failed", "err", err)
+			}
+		}
+	}
+	return m
+}
+
+func (m *metrics) unregister() {
+	for _, c := range m.collectors {
+		m.reg.Unregister(c)
+	}
+}
+
+func (m *metrics) observePropose(op locktable.Op, res locktable.Result, err error, d time.Duration) {
+	outcome := "ok"
+	switch {
+	case errors.Is(err, raftnode.ErrNotLeader):
+		outcome = "not_leader"
+	case errors.Is(err, raftnode.ErrUnknownOutcome):
+		outcome = "unknown"
+	case err != nil:
+		outcome = "error"
+	case res.Code != locktable.OK:
+		outcome = res.Code.String()
+	}
+	m.proposeSeconds.WithLabelValues(op.String(), outcome).Observe(d.Seconds())
+	if op == locktable.OpAcquire && err == nil {
+		switch {
+		case res.Granted:
+			m.acquires.WithLabelValues("granted").Inc()
+		case res.Queued:
+			m.acquires.WithLabelValues("queued").Inc()
+		default:
+			m.acquires.WithLabelValues(res.Code.String()).Inc()
+		}
+	}
+}
+
+var eventNames = map[locktable.EventKind]string{
+	locktable.EvGranted: "granted", locktable.EvQueued: "queued", locktable.EvRenewed: "renewed",
+	locktable.EvReleased: "released", locktable.EvLost: "lost", locktable.EvWaitEnded: "wait_ended",
+	locktable.EvSessionCreated: "session_created", locktable.EvSessionEnded: "session_ended",
+}
+
+func (m *metrics) observeEvents(events []locktable.Event) {
+	for _, ev := range events {
+		kind := eventNames[ev.Kind]
+		switch {
+		case ev.Kind == locktable.EvLost && ev.Reason == locktable.ReasonExpired:
+			kind = "expired"
+		case ev.Kind == locktable.EvWaitEnded && ev.Reason == locktable.ReasonWaitTimeout:
+			kind = "wait_timeout"
+		case ev.Kind == locktable.EvSessionEnded && ev.Reason == locktable.ReasonSessionExpired:
+			kind = "session_expired"
+		}
+		m.events.WithLabelValues(kind).Inc()
+	}
+}
