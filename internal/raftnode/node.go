@@ -121,6 +121,7 @@ type Node struct {
 	raft      *raft.Raft
 	fsm       *fsm
 	transport *raft.NetworkTransport
+	logs      raft.LogStore
 	closers   []io.Closer
 	log       *slog.Logger
 
@@ -232,6 +233,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("raftnode: start raft: %w", err)
 	}
 	n.raft = r
+	n.logs = logs
 	n.hadState = hasState
 
 	switch {
@@ -317,9 +319,13 @@ func (n *Node) Term() uint64 { return n.raft.CurrentTerm() }
 // State is "Leader", "Follower", "Candidate" or "Shutdown".
 func (n *Node) State() string { return n.raft.State().String() }
 
-// CommitIndex and AppliedIndex expose progress for readiness checks.
-func (n *Node) CommitIndex() uint64  { return n.raft.CommitIndex() }
-func (n *Node) AppliedIndex() uint64 { return n.fsm.applied.Load() }
+// CommitIndex is the highest log index known committed.
+func (n *Node) CommitIndex() uint64 { return n.raft.CommitIndex() }
+
+// AppliedIndex is the highest log index Raft has handed to the state
+// machine (entries of every type; the FSM may still be applying the last
+// few commands).
+func (n *Node) AppliedIndex() uint64 { return n.raft.AppliedIndex() }
 
 // LastContact is when this member last heard from a leader.
 func (n *Node) LastContact() time.Time { return n.raft.LastContact() }
@@ -406,21 +412,49 @@ func (n *Node) ReadIndex(ctx context.Context) error {
 	return n.WaitApplied(ctx, idx)
 }
 
-// WaitApplied blocks until the applied index reaches idx.
+// WaitApplied blocks until the state machine reflects every entry up to
+// idx. The FSM only sees command entries, so when the entries after the
+// last applied command are no-ops, barriers or configuration changes, it
+// is enough that Raft has dispatched them.
 func (n *Node) WaitApplied(ctx context.Context, idx uint64) error {
+	poll := time.NewTicker(time.Millisecond)
+	defer poll.Stop()
 	for {
 		cur, ch := n.fsm.appliedWait()
 		if cur >= idx {
 			return nil
 		}
+		if n.raft.AppliedIndex() >= idx && !n.commandIn(cur+1, idx) {
+			return nil
+		}
 		select {
 		case <-ch:
+		case <-poll.C:
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-n.done:
 			return ErrShutdown
 		}
 	}
+}
+
+// commandIn reports whether any log entry in [from, to] is a command the
+// FSM must still apply. Unknown entries (compacted, or too many to scan)
+// count as commands: the caller then waits for the FSM instead.
+func (n *Node) commandIn(from, to uint64) bool {
+	if to < from {
+		return false
+	}
+	if to-from > 64 {
+		return true
+	}
+	var l raft.Log
+	for i := from; i <= to; i++ {
+		if err := n.logs.GetLog(i, &l); err != nil || l.Type == raft.LogCommand {
+			return true
+		}
+	}
+	return false
 }
 
 // Server is one entry of the Raft configuration.

@@ -51,6 +51,7 @@ func (s *Server) LeaderURL() string {
 // here, after commit, never from inside Apply.
 func (s *Server) Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error) {
 	cmd.Now = s.cfg.Now().UnixMilli()
+	s.log.Debug("propose", "op", cmd.Op, "lock", cmd.Lock, "token", cmd.Token, "now", cmd.Now)
 	start := time.Now()
 	res, err := s.node.Propose(ctx, cmd)
 	s.metrics.observePropose(cmd.Op, res, err, time.Since(start))

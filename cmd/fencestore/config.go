@@ -1,0 +1,122 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// envPrefix: each flag --some-flag may also come from FENCESTORE_SOME_FLAG.
+// The command line wins over the environment.
+const envPrefix = "FENCESTORE_"
+
+// dbFile is the bbolt file inside --data-dir.
+const dbFile = "fencestore.db"
+
+// Config is the fencestore configuration, from flags and environment.
+type Config struct {
+	Addr            string
+	DataDir         string
+	VerifyKey       string // path of a PEM public key; "" checks no proofs
+	MaxValueBytes   int64
+	LogFormat       string
+	LogLevel        string
+	ShutdownTimeout time.Duration
+}
+
+// parseConfig reads args (without the program name) and, for flags not on
+// the command line, getenv. Output goes to out (for --help and errors).
+func parseConfig(args []string, getenv func(string) string, out io.Writer) (Config, error) {
+	var c Config
+	fs := flag.NewFlagSet("fencestore", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&c.Addr, "addr", "127.0.0.1:7090", "HTTP listen address")
+	fs.StringVar(&c.DataDir, "data-dir", "./fencestore-data", "directory of the bbolt file `"+dbFile+"`")
+	fs.StringVar(&c.VerifyKey, "verify-key", "", "PEM Ed25519 public key of the lock service (PKIX); when set, every write needs a valid Fencing-Proof and Fencing-Lock")
+	fs.Int64Var(&c.MaxValueBytes, "max-value-bytes", 1<<20, "largest accepted value (PUT body) in bytes; larger gets 413")
+	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT, how long to let requests in flight finish")
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage: fencestore [flags]\n\n"+
+			"A resource server that accepts a write only with a fencing token not lower than\n"+
+			"the highest it has accepted for that key. Each flag --some-flag may also be set\n"+
+			"as %sSOME_FLAG in the environment; the command line wins.\n\nFlags:\n", envPrefix)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] {
+			return
+		}
+		env := envPrefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(env); v != "" {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", env, v, err))
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// Validate reports a configuration fencestore cannot start with.
+func (c Config) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		errs = append(errs, fmt.Errorf("--addr %q: %w", c.Addr, err))
+	}
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir is empty"))
+	}
+	if c.MaxValueBytes <= 0 {
+		errs = append(errs, fmt.Errorf("--max-value-bytes %d: want > 0", c.MaxValueBytes))
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		errs = append(errs, fmt.Errorf("--log-format %q: want text or json", c.LogFormat))
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-timeout %s: want > 0", c.ShutdownTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// DBPath is the bbolt file the store lives in.
+func (c Config) DBPath() string { return filepath.Join(c.DataDir, dbFile) }
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+// newLogger builds the process logger; Validate has checked the inputs.
+func newLogger(c Config, w io.Writer) *slog.Logger {
+	level, _ := parseLevel(c.LogLevel)
+	opts := &slog.HandlerOptions{Level: level}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

@@ -1,0 +1,328 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/fence"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestParseConfig(t *testing.T) {
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+	tests := []struct {
+		name    string
+		args    []string
+		env     func(string) string
+		check   func(t *testing.T, c Config)
+		wantErr string
+	}{
+		{"defaults", nil, env(), func(t *testing.T, c Config) {
+			if c.Addr != "127.0.0.1:7090" || c.DataDir != "./fencestore-data" || c.VerifyKey != "" ||
+				c.LogFormat != "text" || c.LogLevel != "info" || c.MaxValueBytes != 1<<20 {
+				t.Fatalf("defaults: %+v", c)
+			}
+			if c.DBPath() != filepath.Join("fencestore-data", dbFile) {
+				t.Fatalf("DBPath = %s", c.DBPath())
+			}
+		}, ""},
+		{"flags", []string{"--addr", "127.0.0.1:1", "--data-dir", "/d", "--verify-key", "k.pub", "--log-format", "json", "--log-level", "debug"}, env(),
+			func(t *testing.T, c Config) {
+				if c.Addr != "127.0.0.1:1" || c.DataDir != "/d" || c.VerifyKey != "k.pub" || c.LogFormat != "json" || c.LogLevel != "debug" {
+					t.Fatalf("flags: %+v", c)
+				}
+			}, ""},
+		{"environment", nil, env("FENCESTORE_ADDR", "127.0.0.1:2", "FENCESTORE_DATA_DIR", "/e", "FENCESTORE_VERIFY_KEY", "e.pub", "FENCESTORE_LOG_FORMAT", "json", "FENCESTORE_MAX_VALUE_BYTES", "10"),
+			func(t *testing.T, c Config) {
+				if c.Addr != "127.0.0.1:2" || c.DataDir != "/e" || c.VerifyKey != "e.pub" || c.LogFormat != "json" || c.MaxValueBytes != 10 {
+					t.Fatalf("env: %+v", c)
+				}
+			}, ""},
+		{"flag beats environment", []string{"--addr", "127.0.0.1:3"}, env("FENCESTORE_ADDR", "127.0.0.1:4"),
+			func(t *testing.T, c Config) {
+				if c.Addr != "127.0.0.1:3" {
+					t.Fatalf("addr = %s", c.Addr)
+				}
+			}, ""},
+		{"bad log format", []string{"--log-format", "xml"}, env(), nil, "--log-format"},
+		{"bad log level", nil, env("FENCESTORE_LOG_LEVEL", "loud"), nil, "--log-level"},
+		{"bad env number", nil, env("FENCESTORE_MAX_VALUE_BYTES", "lots"), nil, "FENCESTORE_MAX_VALUE_BYTES"},
+		{"bad addr", []string{"--addr", "nope"}, env(), nil, "--addr"},
+		{"stray argument", []string{"serve"}, env(), nil, "serve"},
+		{"unknown flag", []string{"--nope"}, env(), nil, "nope"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := parseConfig(tc.args, tc.env, io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one mentioning %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, c)
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	var out bytes.Buffer
+	if _, err := parseConfig([]string{"--help"}, func(string) string { return "" }, &out); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("err = %v, want flag.ErrHelp", err)
+	}
+	for _, want := range []string{"-addr", "-data-dir", "-verify-key", "-log-format", "-log-level", "FENCESTORE_"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--help does not mention %s:\n%s", want, out.String())
+		}
+	}
+	if code := run([]string{"--help"}, func(string) string { return "" }, io.Discard); code != 0 {
+		t.Fatalf("run --help = %d, want 0", code)
+	}
+	if code := run([]string{"--log-format", "xml"}, func(string) string { return "" }, io.Discard); code != 2 {
+		t.Fatalf("run with a bad flag = %d, want 2", code)
+	}
+}
+
+// TestBinary builds the real fencestore, serves, writes and reads over
+// HTTP, stops it with SIGTERM (exit 0), restarts it on the same data dir
+// with a verify key from the environment, and checks the highest token and
+// value survived.
+func TestBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	dir := t.TempDir()
+	bin := buildBinary(t, dir)
+	data := filepath.Join(dir, "data")
+	privPath, pubPath := filepath.Join(dir, "lockd.key"), filepath.Join(dir, "lockd.pub")
+	if err := fence.GenerateKeyFiles(privPath, pubPath); err != nil {
+		t.Fatal(err)
+	}
+	priv, err := fence.LoadPrivateKey(privPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// First run: no proofs.
+	p := startBinary(t, bin, nil, "--addr", "127.0.0.1:0", "--data-dir", data, "--log-format", "json")
+	if code, _, _ := p.do(t, "GET", "/healthz", "", nil); code != 200 {
+		t.Fatalf("healthz: %d", code)
+	}
+	p.wantStatus(t, "PUT", "/v1/objects/x", "from-B", map[string]string{fence.HeaderToken: "6", fence.HeaderLock: "res"}, 200, "")
+	p.wantStatus(t, "PUT", "/v1/objects/x", "from-A", map[string]string{fence.HeaderToken: "5", fence.HeaderLock: "res"}, 409, api.CodeStaleToken)
+	p.wantStatus(t, "PUT", "/v1/objects/y", "x", nil, 400, api.CodeInvalidArgument)
+	p.wantStatus(t, "GET", "/v1/objects/y", "", nil, 404, api.CodeNotFound)
+	p.wantObject(t, "x", "from-B", 6)
+	p.stop(t, syscall.SIGTERM)
+
+	// Second run: same data dir, proofs required (flag from the environment).
+	p = startBinary(t, bin, []string{"FENCESTORE_VERIFY_KEY=" + pubPath},
+		"--addr", "127.0.0.1:0", "--data-dir", data, "--log-format", "json")
+	p.wantObject(t, "x", "from-B", 6)
+	p.wantStatus(t, "PUT", "/v1/objects/x", "no-proof", map[string]string{fence.HeaderToken: "7", fence.HeaderLock: "res"}, 403, api.CodePermissionDenied)
+	proof := func(token uint64) string {
+		return fence.Sign(priv, "res", token, time.Now().Add(time.Minute).UnixMilli())
+	}
+	p.wantStatus(t, "PUT", "/v1/objects/x", "stale", map[string]string{fence.HeaderToken: "5", fence.HeaderLock: "res", fence.HeaderProof: proof(5)}, 409, api.CodeStaleToken)
+	p.wantStatus(t, "PUT", "/v1/objects/x", "from-C", map[string]string{fence.HeaderToken: "7", fence.HeaderLock: "res", fence.HeaderProof: proof(7)}, 200, "")
+	p.wantObject(t, "x", "from-C", 7)
+	p.stop(t, syscall.SIGINT)
+}
+
+func TestBinaryBadVerifyKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	dir := t.TempDir()
+	bin := buildBinary(t, dir)
+	cmd := exec.Command(bin, "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "d"), "--verify-key", filepath.Join(dir, "missing.pub"))
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("exit %v, want 1; output:\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "missing.pub") {
+		t.Fatalf("output does not name the key file:\n%s", out)
+	}
+}
+
+// buildBinary builds cmd/fencestore into dir (the go build cache makes a
+// second build cheap).
+func buildBinary(t *testing.T, dir string) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	bin := filepath.Join(dir, "fencestore")
+	out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// proc is a running fencestore.
+type proc struct {
+	cmd  *exec.Cmd
+	logs *syncBuffer
+	base string
+}
+
+func startBinary(t *testing.T, bin string, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(bin, args...), logs: &syncBuffer{}}
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stderr = p.logs
+	p.cmd.Stdout = p.logs
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			_ = p.cmd.Process.Kill()
+			_ = p.cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("fencestore logs:\n%s", p.logs.String())
+		}
+	})
+	// The server logs the address it bound (we asked for port 0).
+	deadline := time.Now().Add(15 * time.Second)
+	for p.base == "" {
+		if time.Now().After(deadline) {
+			t.Fatalf("fencestore did not log its address; logs:\n%s", p.logs.String())
+		}
+		for _, line := range p.logs.lines() {
+			var rec struct {
+				Msg  string `json:"msg"`
+				Addr string `json:"addr"`
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
+				p.base = "http://" + rec.Addr
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return p
+}
+
+func (p *proc) do(t *testing.T, method, path, body string, headers map[string]string) (int, http.Header, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, p.base+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header, b
+}
+
+func (p *proc) wantStatus(t *testing.T, method, path, body string, headers map[string]string, status int, code string) {
+	t.Helper()
+	got, _, b := p.do(t, method, path, body, headers)
+	if got != status {
+		t.Fatalf("%s %s: %d %s, want %d", method, path, got, b, status)
+	}
+	if code != "" && !strings.Contains(string(b), `"code":"`+code+`"`) {
+		t.Fatalf("%s %s: body %s, want code %s", method, path, b, code)
+	}
+}
+
+func (p *proc) wantObject(t *testing.T, key, value string, token uint64) {
+	t.Helper()
+	code, h, b := p.do(t, "GET", "/v1/objects/"+key, "", nil)
+	if code != 200 || string(b) != value || h.Get(fence.HeaderToken) != strconv.FormatUint(token, 10) {
+		t.Fatalf("GET %s: %d %q token %q; want %q token %d", key, code, b, h.Get(fence.HeaderToken), value, token)
+	}
+}
+
+func (p *proc) stop(t *testing.T, sig os.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("after %v: %v; logs:\n%s", sig, err, p.logs.String())
+		}
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+		t.Fatalf("fencestore did not exit after %v", sig)
+	}
+	if !strings.Contains(p.logs.String(), `"msg":"stopped"`) {
+		t.Fatalf("no orderly stop in logs:\n%s", p.logs.String())
+	}
+}
+
+// syncBuffer collects a process's output; exec writes from its own goroutine.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *syncBuffer) lines() []string {
+	var out []string
+	sc := bufio.NewScanner(strings.NewReader(b.String()))
+	for sc.Scan() {
+		out = append(out, sc.Text())
+	}
+	return out
+}
