@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lockd/lockd/fence"
 	"github.com/lockd/lockd/internal/server"
 )
 
@@ -46,6 +47,7 @@ func run(args []string, stderr io.Writer) int {
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.RaftLogLevel, "raft-log-level", "warn", "level of hashicorp/raft's own log lines")
+	signingKey := fs.String("signing-key", "", "Ed25519 private key (PEM, PKCS#8) shared by all members: every grant then carries a fencing_proof that resource servers verify (see lockctl keygen)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: lockd [flags]\n\nRuns one lockd member. Every flag can also be set in the environment as\nLOCKD_<FLAG> (upper case, '-' as '_'), e.g. LOCKD_DATA_DIR. With neither\n--initial-cluster nor --join, a new data dir bootstraps a one-member cluster.\nA restart on an existing data dir ignores both and rejoins with its state.\nSIGTERM stops gracefully (leadership is handed over first).\n\nFlags:\n")
@@ -71,6 +73,16 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	cfg.Logger = logger
+	if *signingKey != "" {
+		priv, err := fence.LoadPrivateKey(*signingKey)
+		if err != nil {
+			fmt.Fprintln(stderr, "lockd: --signing-key:", err)
+			return 2
+		}
+		cfg.Signer = func(lock string, token uint64, expiresAtMs int64) string {
+			return fence.Sign(priv, lock, token, expiresAtMs)
+		}
+	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(stderr, "lockd: invalid configuration:", err)
 		return 2

@@ -51,7 +51,6 @@ func (s *Server) LeaderURL() string {
 // here, after commit, never from inside Apply.
 func (s *Server) Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error) {
 	cmd.Now = s.cfg.Now().UnixMilli()
-	s.log.Debug("propose", "op", cmd.Op, "lock", cmd.Lock, "token", cmd.Token, "now", cmd.Now)
 	start := time.Now()
 	res, err := s.node.Propose(ctx, cmd)
 	s.metrics.observePropose(cmd.Op, res, err, time.Since(start))
@@ -269,6 +268,8 @@ func (s *Server) Readyz() (bool, string) {
 		return false, "leader still applying entries of earlier terms"
 	case id != s.cfg.ID && s.node.AppliedIndex() < s.node.CommitIndex():
 		return false, "applying committed entries"
+	case s.LeaderURL() == "":
+		return false, "the leader's HTTP address is not known yet"
 	}
 	return true, ""
 }

@@ -1,0 +1,123 @@
+package locktable_test
+
+import (
+	"bytes"
+	"errors"
+	"runtime"
+	"testing"
+
+	lt "github.com/lockd/lockd/internal/locktable"
+)
+
+// busySnapshot is a small state with a bit of everything, for fuzz targets
+// to apply commands to.
+func busySnapshot() []byte {
+	tb := lt.New()
+	for _, c := range []lt.Command{
+		mkSess("sess-1", "worker-7", 15000, t0),
+		acqS("jobs/nightly", "worker-7", "sess-1", 30000, 0, t0),
+		acq("jobs/nightly", "worker-8", 1000, 5000, t0),
+		acqS("a", "worker-7", "sess-1", 0, 0, t0),
+		acq("b", "c1", 1000, 0, t0),
+		rel("b", "c1", 3, t0),
+		acq("b", "c2", 100, 0, t0),
+		acqS("b", "worker-7", "sess-1", 0, 60000, t0),
+		setMember("node1", "127.0.0.1:7071", "http://127.0.0.1:7070", t0),
+	} {
+		tb.Apply(c)
+	}
+	return tb.Snapshot()
+}
+
+// FuzzDecodeCommand: DecodeCommand never panics; what it accepts re-encodes
+// to a canonical form (never longer than the input) that decodes to the same
+// command; and Apply takes any decodable command without panicking.
+func FuzzDecodeCommand(f *testing.F) {
+	for _, c := range everyOp() {
+		f.Add(encode(c))
+	}
+	f.Add(encode(lt.Command{Op: lt.OpBatch, Now: t0, Batch: everyOp()}))
+	f.Add([]byte{})
+	busy := busySnapshot()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := lt.DecodeCommand(b)
+		if err != nil {
+			if !errors.Is(err, lt.ErrCorrupt) {
+				t.Fatalf("error %v does not wrap ErrCorrupt", err)
+			}
+			return
+		}
+		b2 := c.Encode()
+		if len(b2) > len(b) {
+			t.Fatalf("canonical encoding (%d bytes) longer than the input (%d)", len(b2), len(b))
+		}
+		c2, err := lt.DecodeCommand(b2)
+		if err != nil {
+			t.Fatalf("re-encoded command does not decode: %v\n%+v", err, c)
+		}
+		if !commandsEqual(c, c2) {
+			t.Fatalf("round trip changed the command\n %+v\n %+v", c, c2)
+		}
+		if b3 := c2.Encode(); !bytes.Equal(b2, b3) {
+			t.Fatalf("encoding is not canonical: %x vs %x", b2, b3)
+		}
+		lt.New().Apply(c)
+		tb, err := lt.Restore(busy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prev := tb.LastToken()
+		tb.Apply(c)
+		if err := checkInvariants(tb, prev); err != nil {
+			t.Fatalf("%v: %v", describe(c), err)
+		}
+	})
+}
+
+// FuzzRestore: Restore never panics, allocates in proportion to its input,
+// and what it accepts snapshots to a fixed point and takes further commands
+// without panicking.
+func FuzzRestore(f *testing.F) {
+	f.Add(lt.New().Snapshot())
+	f.Add(busySnapshot())
+	f.Add([]byte("LOCKDSNP\x01"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		tb, err := lt.Restore(b)
+		runtime.ReadMemStats(&after)
+		if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20+512*uint64(len(b)) {
+			t.Fatalf("Restore of %d bytes allocated %d bytes", len(b), alloc)
+		}
+		if err != nil {
+			if !errors.Is(err, lt.ErrCorrupt) {
+				t.Fatalf("error %v does not wrap ErrCorrupt", err)
+			}
+			return
+		}
+		s := tb.Snapshot()
+		tb2, err := lt.Restore(s)
+		if err != nil {
+			t.Fatalf("a restored table's snapshot does not restore: %v", err)
+		}
+		if !bytes.Equal(tb2.Snapshot(), s) {
+			t.Fatal("snapshot -> restore -> snapshot is not a fixed point")
+		}
+		// Hostile but well-formed states (a free lock with waiters, a
+		// waiter of a missing session...) must still not crash Apply.
+		const late = 1 << 62
+		tb.ForEachHeld(func(li lt.LockInfo) {
+			tb.Apply(renew(li.Name, li.ClientID, li.Token, 1000, 0))
+			tb.Apply(acq(li.Name, "fuzz", 1000, 1000, 0))
+		})
+		tb.ForEachHeld(func(li lt.LockInfo) {
+			tb.Apply(rel(li.Name, li.ClientID, li.Token, 1))
+			tb.Apply(expLock(li.Name, li.Token, late))
+		})
+		tb.ForEachWaiter(func(w lt.WaiterInfo) { tb.Apply(tmo(w.Lock, w.ClientID, late)) })
+		tb.ForEachSession(func(s lt.Session) { tb.Apply(expSess(s.ID, late)) })
+		tb.List("", 0)
+		tb.Stats()
+		tb.Snapshot()
+	})
+}
