@@ -44,6 +44,7 @@ func run(args []string, stderr io.Writer) int {
 	fs.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", 8192, "log entries between snapshots")
 	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", 2*time.Minute, "how often to check whether a snapshot is due")
 	fs.Uint64Var(&cfg.TrailingLogs, "trailing-logs", 10240, "log entries kept after a snapshot so slow followers catch up without one")
+	dialOverride := fs.String("raft-dial-override", "", "peeraddr=dialaddr,...: dial these peers' Raft addresses through other addresses (NAT, proxies)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.RaftLogLevel, "raft-log-level", "warn", "level of hashicorp/raft's own log lines")
@@ -73,6 +74,14 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	cfg.Logger = logger
+	if *dialOverride != "" {
+		m, err := server.ParseDialOverrides(*dialOverride)
+		if err != nil {
+			fmt.Fprintln(stderr, "lockd:", err)
+			return 2
+		}
+		cfg.RaftDialOverrides = m
+	}
 	if *signingKey != "" {
 		priv, err := fence.LoadPrivateKey(*signingKey)
 		if err != nil {

@@ -50,6 +50,11 @@ type Config struct {
 	Signer func(lock string, token uint64, expiresAtMs int64) string
 	Now    func() time.Time
 
+	// RaftDialOverrides maps a peer's Raft address (as in the configuration)
+	// to the address this member actually dials: address translation, and
+	// the hook fault-injection tests use to put a proxy on each link.
+	RaftDialOverrides map[string]string
+
 	// Test hooks: pre-opened listeners and a Raft dialer that can be cut.
 	HTTPListener net.Listener
 	RaftListener net.Listener
@@ -167,6 +172,26 @@ func ParseInitialCluster(s string) ([]raftnode.Peer, error) {
 		return nil, errors.New("--initial-cluster is empty")
 	}
 	return peers, nil
+}
+
+// ParseDialOverrides parses "addr=addr,addr=addr".
+func ParseDialOverrides(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		from, to, ok := strings.Cut(part, "=")
+		if _, _, err := net.SplitHostPort(from); !ok || err != nil {
+			return nil, fmt.Errorf("--raft-dial-override entry %q: want host:port=host:port", part)
+		}
+		if _, _, err := net.SplitHostPort(to); err != nil {
+			return nil, fmt.Errorf("--raft-dial-override entry %q: want host:port=host:port", part)
+		}
+		out[from] = to
+	}
+	return out, nil
 }
 
 // normalizeURL turns "host:port" into "http://host:port".

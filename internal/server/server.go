@@ -80,7 +80,7 @@ func New(cfg Config) (*Server, error) {
 		HeartbeatTimeout: cfg.HeartbeatTimeout, ElectionTimeout: cfg.ElectionTimeout,
 		LeaderLeaseTimeout: cfg.LeaderLeaseTimeout, SnapshotThreshold: cfg.SnapshotThreshold,
 		SnapshotInterval: cfg.SnapshotInterval, TrailingLogs: cfg.TrailingLogs, LogStore: cfg.LogStore,
-		Listener: cfg.RaftListener, Dial: cfg.RaftDial, Logger: cfg.Logger, RaftLogLevel: cfg.RaftLogLevel,
+		Listener: cfg.RaftListener, Dial: dialer(cfg.RaftDial, cfg.RaftDialOverrides), Logger: cfg.Logger, RaftLogLevel: cfg.RaftLogLevel,
 	})
 	if err != nil {
 		ln.Close()
@@ -355,6 +355,24 @@ func (s *Server) joinLoop() {
 			return
 		case <-time.After(time.Second):
 		}
+	}
+}
+
+// dialer applies address overrides in front of the Raft dialer.
+func dialer(base func(string, time.Duration) (net.Conn, error), overrides map[string]string) func(string, time.Duration) (net.Conn, error) {
+	if len(overrides) == 0 {
+		return base
+	}
+	if base == nil {
+		base = func(addr string, timeout time.Duration) (net.Conn, error) {
+			return net.DialTimeout("tcp", addr, timeout)
+		}
+	}
+	return func(addr string, timeout time.Duration) (net.Conn, error) {
+		if to, ok := overrides[addr]; ok {
+			addr = to
+		}
+		return base(addr, timeout)
 	}
 }
 
