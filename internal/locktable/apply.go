@@ -273,11 +273,23 @@ func (t *Table) handOff(l *Lock, now int64, ev *[]Event) {
 	t.dropIfEmpty(l)
 }
 
-// unwait removes a waiter from its session's index.
+// unwait removes a waiter, already taken out of the lock's queue, from its
+// session's index, unless another client still waits there through the same
+// session (a session is not tied to one client). The index must match what
+// Restore rebuilds, or a restored member would diverge.
 func (t *Table) unwait(lock string, w Waiter) {
-	if s, ok := t.sessions[w.SessionID]; ok && s.waits != nil {
-		delete(s.waits, lock)
+	s, ok := t.sessions[w.SessionID]
+	if !ok || s.waits == nil {
+		return
 	}
+	if l, ok := t.locks[lock]; ok {
+		for _, o := range l.Waiters {
+			if o.SessionID == w.SessionID {
+				return
+			}
+		}
+	}
+	delete(s.waits, lock)
 }
 
 func (t *Table) release(c Command, r *Result) {

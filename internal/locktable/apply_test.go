@@ -669,3 +669,68 @@ func TestSharedSessionWaits(t *testing.T) {
 		})
 	}
 }
+
+// TestReadAPI covers the read side the HTTP layer and the leader's timers
+// use: Get, List (prefix and limit), Waiters, Session, Stats and ForEach*.
+func TestReadAPI(t *testing.T) {
+	h := newHarness(t)
+	h.ok(mkSess("s1", "c1", 15000, t0))
+	h.ok(mkSess("s0", "c0", 15000, t0))
+	h.ok(acq("jobs/b", "c1", 1000, 0, t0))
+	h.ok(acqS("jobs/a", "c1", "s1", 0, 0, t0))
+	h.ok(acq("other", "c2", 1000, 0, t0))
+	h.ok(acq("jobs/a", "c3", 1000, 5000, t0))
+	h.ok(acqS("jobs/a", "c4", "s0", 0, 6000, t0))
+
+	names := func(lis []lt.LockInfo) (out []string) {
+		for _, li := range lis {
+			out = append(out, li.Name)
+		}
+		return out
+	}
+	if got := names(h.tb.List("", 0)); !reflect.DeepEqual(got, []string{"jobs/a", "jobs/b", "other"}) {
+		t.Errorf("List all: %v", got)
+	}
+	if got := names(h.tb.List("jobs/", 0)); !reflect.DeepEqual(got, []string{"jobs/a", "jobs/b"}) {
+		t.Errorf("List jobs/: %v", got)
+	}
+	if got := names(h.tb.List("jobs/", 1)); !reflect.DeepEqual(got, []string{"jobs/a"}) {
+		t.Errorf("List jobs/ limit 1: %v", got)
+	}
+	if got := h.tb.List("nothing", 0); got == nil || len(got) != 0 {
+		t.Errorf("List with no match: %#v, want an empty non-nil slice (JSON [])", got)
+	}
+	if got := h.tb.Waiters("nope"); got != nil {
+		t.Errorf("Waiters of a missing lock: %v", got)
+	}
+	ws := h.tb.Waiters("jobs/a")
+	ws[0].ClientID = "mutated"
+	if got := waiterClients(h.tb, "jobs/a"); !reflect.DeepEqual(got, []string{"c3", "c4"}) {
+		t.Errorf("Waiters must return a copy: %v", got)
+	}
+	if _, ok := h.tb.Session("nope"); ok {
+		t.Error("Session(nope) exists")
+	}
+	if got, want := h.tb.Stats(), (lt.Stats{Locks: 3, Held: 3, Waiters: 2, Sessions: 2, LastToken: 3}); got != want {
+		t.Errorf("Stats %+v, want %+v", got, want)
+	}
+	var held []string
+	h.tb.ForEachHeld(func(li lt.LockInfo) { held = append(held, li.Name+"="+li.ClientID) })
+	if want := []string{"jobs/a=c1", "jobs/b=c1", "other=c2"}; !reflect.DeepEqual(held, want) {
+		t.Errorf("ForEachHeld: %v", held)
+	}
+	var waiting []lt.WaiterInfo
+	h.tb.ForEachWaiter(func(w lt.WaiterInfo) { waiting = append(waiting, w) })
+	want := []lt.WaiterInfo{
+		{Lock: "jobs/a", Position: 0, Waiter: lt.Waiter{ClientID: "c3", TTLms: 1000, Deadline: t0 + 5000, EnqueuedAt: t0}},
+		{Lock: "jobs/a", Position: 1, Waiter: lt.Waiter{ClientID: "c4", SessionID: "s0", Deadline: t0 + 6000, EnqueuedAt: t0}},
+	}
+	if !reflect.DeepEqual(waiting, want) {
+		t.Errorf("ForEachWaiter:\n got  %+v\n want %+v", waiting, want)
+	}
+	var sessions []string
+	h.tb.ForEachSession(func(s lt.Session) { sessions = append(sessions, s.ID+"/"+s.ClientID) })
+	if want := []string{"s0/c0", "s1/c1"}; !reflect.DeepEqual(sessions, want) {
+		t.Errorf("ForEachSession: %v", sessions)
+	}
+}
