@@ -70,6 +70,9 @@ type Config struct {
 	Listener net.Listener
 	Dial     func(addr string, timeout time.Duration) (net.Conn, error)
 
+	// BatchSizes observes how many commands each log entry carries.
+	BatchSizes Observer
+
 	Logger       *slog.Logger
 	RaftLogLevel string // hclog level for hashicorp/raft's own messages
 	RaftLogJSON  bool
@@ -115,6 +118,13 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// Observer takes samples (a Prometheus histogram fits).
+type Observer interface{ Observe(float64) }
+
+type nopObserver struct{}
+
+func (nopObserver) Observe(float64) {}
+
 // Node is one running member.
 type Node struct {
 	cfg       Config
@@ -130,6 +140,9 @@ type Node struct {
 	isLeader atomic.Bool
 	epoch    atomic.Uint64 // bumps on every leadership change seen
 	hadState bool
+
+	proposals  chan proposal
+	batchSizes Observer
 	done     chan struct{}
 	wg       sync.WaitGroup
 	stopOnce sync.Once
@@ -145,7 +158,11 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("raftnode: data dir: %w", err)
 	}
 	n := &Node{cfg: cfg, fsm: newFSM(), log: cfg.Logger,
-		notifyCh: make(chan bool, 64), changed: make(chan struct{}, 1), done: make(chan struct{})}
+		notifyCh: make(chan bool, 64), changed: make(chan struct{}, 1), done: make(chan struct{}),
+		proposals: make(chan proposal, 4096), batchSizes: cfg.BatchSizes}
+	if n.batchSizes == nil {
+		n.batchSizes = nopObserver{}
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -261,8 +278,9 @@ func New(cfg Config) (*Node, error) {
 		n.log.Info("waiting to be added to an existing cluster")
 	}
 
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go n.watchLeadership()
+	go n.runBatcher()
 	ok = true
 	return n, nil
 }
@@ -339,33 +357,6 @@ func (n *Node) View(fn func(t *locktable.Table)) {
 	n.fsm.mu.RLock()
 	defer n.fsm.mu.RUnlock()
 	fn(n.fsm.table)
-}
-
-// Propose replicates cmd and returns the state machine's result once it is
-// committed and applied here.
-func (n *Node) Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error) {
-	if n.raft.State() != raft.Leader {
-		return locktable.Result{}, ErrNotLeader
-	}
-	enqueue := 5 * time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		if d := time.Until(dl); d < enqueue {
-			enqueue = max(d, time.Millisecond)
-		}
-	}
-	f := n.raft.Apply(cmd.Encode(), enqueue)
-	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			return locktable.Result{}, mapApplyErr(err)
-		}
-		res, _ := f.Response().(locktable.Result)
-		return res, nil
-	case <-ctx.Done():
-		return locktable.Result{}, fmt.Errorf("%w: %v", ErrUnknownOutcome, ctx.Err())
-	}
 }
 
 func mapApplyErr(err error) error {

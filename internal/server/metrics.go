@@ -23,7 +23,7 @@ type metrics struct {
 	events         *prometheus.CounterVec
 }
 
-func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
+func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collector) *metrics {
 	m := &metrics{reg: reg}
 	m.proposeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "lockd_propose_duration_seconds",
@@ -70,6 +70,7 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}
+	m.collectors = append(m.collectors, extra...)
 	for _, c := range m.collectors {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

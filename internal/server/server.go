@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/lockd/lockd/api"
@@ -74,7 +75,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.InitialCluster != "" {
 		peers, _ = ParseInitialCluster(cfg.InitialCluster) // validated
 	}
-	node, err := raftnode.New(raftnode.Config{
+	batchSizes := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "lockd_raft_entry_commands",
+		Help:    "Commands carried per Raft log entry (group commit).",
+		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+	})
+	node, err := raftnode.New(raftnode.Config{BatchSizes: batchSizes,
 		ID: cfg.ID, DataDir: cfg.DataDir, RaftAddr: cfg.RaftAddr, Advertise: cfg.RaftAdvertise,
 		InitialCluster: peers, Join: cfg.Join != "",
 		HeartbeatTimeout: cfg.HeartbeatTimeout, ElectionTimeout: cfg.ElectionTimeout,
@@ -89,7 +95,7 @@ func New(cfg Config) (*Server, error) {
 	s.node = node
 	s.timers = leader.New(leader.Config{Proposer: s, Viewer: node, Grace: cfg.ElectionTimeout,
 		Now: cfg.Now, Logger: cfg.Logger})
-	s.metrics = newMetrics(cfg.Registry, s)
+	s.metrics = newMetrics(cfg.Registry, s, batchSizes)
 
 	h := httpapi.New(httpapi.Config{Backend: s, Logger: cfg.Logger,
 		Metrics: promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry})})
