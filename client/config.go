@@ -1,0 +1,148 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lockd/lockd/api"
+)
+
+// Config configures a Client. The zero value of every field but Endpoints
+// takes a default; Validate reports what is wrong.
+type Config struct {
+	// Endpoints are base HTTP URLs of cluster members, e.g.
+	// "http://127.0.0.1:7070". Any member will do: followers point to the
+	// leader.
+	Endpoints []string
+	// ClientID identifies this client to lockd (acquire is idempotent per
+	// client ID). Default: "<hostname>:<pid>".
+	ClientID string
+	// SessionTTL is the session's TTL: the session (and every lock bound to
+	// it) ends when no keepalive reached the leader for this long.
+	// Default 15s; SPEC range 1s–1h.
+	SessionTTL time.Duration
+	// HTTPClient carries the WebSocket handshake and HTTP calls. Its
+	// CheckRedirect is not used: the client follows the leader redirects
+	// itself. Default: a client with its own transport.
+	HTTPClient *http.Client
+	// Logger receives connection events. Default: discard.
+	Logger *slog.Logger
+	// DialTimeout bounds one connect attempt to one member, handshake and
+	// hello included. Default 2s.
+	DialTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the exponential, jittered wait between
+	// rounds of connect attempts. Defaults 50ms and 1s.
+	MinBackoff, MaxBackoff time.Duration
+	// CloseTimeout bounds the clean-up Close does on the server (deleting
+	// the session). Default 5s.
+	CloseTimeout time.Duration
+	// LeaseMargin is how much earlier than "send time + TTL" the client
+	// counts a lease (of the session, or of a lock's TTL) as run out, to
+	// absorb timer lateness and clock-rate drift. Default: a twentieth of
+	// that TTL, at most 100ms. Negative: no margin.
+	LeaseMargin time.Duration
+}
+
+// DefaultClientID is "<hostname>:<pid>".
+func DefaultClientID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "localhost"
+	}
+	return h + ":" + strconv.Itoa(os.Getpid())
+}
+
+func (c Config) withDefaults() Config {
+	if c.ClientID == "" {
+		c.ClientID = DefaultClientID()
+	}
+	if c.SessionTTL == 0 {
+		c.SessionTTL = api.DefaultSessionTTL * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 2 * time.Second
+	}
+	if c.MinBackoff == 0 {
+		c.MinBackoff = 50 * time.Millisecond
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = time.Second
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = 5 * time.Second
+	}
+	return c
+}
+
+// Validate checks the configuration after defaults are applied.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if err := validateEndpoints(c.Endpoints); err != nil {
+		return err
+	}
+	if err := validateClientID(c.ClientID); err != nil {
+		return err
+	}
+	if c.SessionTTL < api.MinSessionTTLms*time.Millisecond || c.SessionTTL > api.MaxSessionTTLms*time.Millisecond {
+		return fmt.Errorf("lockd: SessionTTL %v out of range 1s–1h", c.SessionTTL)
+	}
+	if c.LeaseMargin > 0 && c.LeaseMargin >= c.SessionTTL {
+		return fmt.Errorf("lockd: LeaseMargin %v not below SessionTTL %v", c.LeaseMargin, c.SessionTTL)
+	}
+	if c.DialTimeout < 0 || c.MinBackoff < 0 || c.MaxBackoff < c.MinBackoff || c.CloseTimeout < 0 {
+		return errors.New("lockd: DialTimeout, CloseTimeout and backoffs must be positive, MaxBackoff ≥ MinBackoff")
+	}
+	return nil
+}
+
+func validateEndpoints(eps []string) error {
+	if len(eps) == 0 {
+		return errors.New("lockd: no endpoints")
+	}
+	for _, e := range eps {
+		u, err := url.Parse(e)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("lockd: endpoint %q is not an http(s) URL", e)
+		}
+	}
+	return nil
+}
+
+func validateClientID(id string) error {
+	if id == "" || len(id) > api.MaxClientID {
+		return fmt.Errorf("lockd: client ID must be 1–%d bytes", api.MaxClientID)
+	}
+	for _, r := range id {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("lockd: client ID %q is not printable", id)
+		}
+	}
+	return nil
+}
+
+// normalizeEndpoint trims a trailing slash so paths can be appended.
+func normalizeEndpoint(e string) string { return strings.TrimRight(e, "/") }
+
+// noRedirect returns a shallow copy of hc that hands redirects back to the
+// caller, so leader redirects are followed (and remembered) here, with the
+// request body re-sent.
+func noRedirect(hc *http.Client) *http.Client {
+	c := *hc
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &c
+}
+
+func defaultHTTPClient() *http.Client {
+	return &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+}

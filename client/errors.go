@@ -1,0 +1,105 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/lockd/lockd/api"
+)
+
+// Sentinel errors. Errors returned by this package wrap them, so match with
+// errors.Is, never by string. An error that came from the server is a
+// *ServerError, which also unwraps to the server's *api.Error.
+var (
+	// ErrLockHeld: the lock is held by someone else and the call did not wait.
+	ErrLockHeld = errors.New("lockd: lock held by another client")
+	// ErrWaitTimeout: the wait for the lock ended before it was granted.
+	ErrWaitTimeout = errors.New("lockd: timed out waiting for the lock")
+	// ErrNotHolder: the lock is no longer held with this token (released,
+	// expired, or taken over after a loss).
+	ErrNotHolder = errors.New("lockd: not the holder of the lock")
+	// ErrSessionExpired: the session ended on the server (or, with
+	// ErrLeaseExpired, by the client's own conservative lease).
+	ErrSessionExpired = errors.New("lockd: session expired")
+	// ErrNoLeader: no member could name a leader, or none could be reached.
+	ErrNoLeader = errors.New("lockd: no leader")
+
+	// ErrLeaseExpired: the client's conservative local lease ran out: no
+	// keepalive or renew sent early enough was confirmed, so the server may
+	// already have given the lock away. Lost() closes with this cause.
+	ErrLeaseExpired = errors.New("lockd: local lease ran out before the leader confirmed it")
+	// ErrLockExpired: the server expired the lock's own TTL.
+	ErrLockExpired = errors.New("lockd: lock TTL expired")
+	// ErrReleased: the lock was released by this client.
+	ErrReleased = errors.New("lockd: lock released")
+	// ErrClosed: the Client was closed.
+	ErrClosed = errors.New("lockd: client closed")
+)
+
+// ServerError is an error reply from lockd. It matches the sentinel of its
+// code with errors.Is (lock_held → ErrLockHeld, ...) and unwraps to the
+// wire *api.Error for errors.As.
+type ServerError struct {
+	// API is the error as the server sent it.
+	API api.Error
+	// Status is the HTTP status; 0 for a WebSocket reply.
+	Status int
+	// Holder names the current holder in a lock_held reply, when the server
+	// tells.
+	Holder string
+	// Leader is the leader's HTTP URL a not_leader reply pointed to.
+	Leader string
+
+	retryAfterHdr string
+}
+
+func (e *ServerError) Error() string {
+	s := "lockd: " + e.API.Code
+	if e.API.Message != "" {
+		s += ": " + e.API.Message
+	}
+	if e.Holder != "" {
+		s += " (held by " + e.Holder + ")"
+	}
+	return s
+}
+
+// Unwrap exposes the wire error, for errors.As(err, new(*api.Error)).
+func (e *ServerError) Unwrap() error { return &e.API }
+
+// Is matches the sentinel that goes with the code.
+func (e *ServerError) Is(target error) bool {
+	s := sentinel(e.API.Code)
+	return s != nil && s == target
+}
+
+func sentinel(code string) error {
+	switch code {
+	case api.CodeLockHeld:
+		return ErrLockHeld
+	case api.CodeWaitTimeout:
+		return ErrWaitTimeout
+	case api.CodeNotHolder:
+		return ErrNotHolder
+	case api.CodeSessionExpired:
+		return ErrSessionExpired
+	case api.CodeNoLeader, api.CodeNotLeader:
+		return ErrNoLeader
+	}
+	return nil
+}
+
+func serverError(e *api.Error, status int) *ServerError {
+	se := &ServerError{Status: status}
+	if e != nil {
+		se.API = *e
+	}
+	return se
+}
+
+// waitTimeoutErr is the error of a wait that a resend (after a reconnect,
+// with no wait time left) found still held: from the caller's side the wait
+// timed out.
+func waitTimeoutErr(lock string, cause error) error {
+	return fmt.Errorf("%w: lock %q (%v)", ErrWaitTimeout, lock, cause)
+}

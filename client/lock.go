@@ -1,0 +1,226 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/lockd/lockd/api"
+)
+
+// Fencing headers, as fencestore and the fence package read them.
+const (
+	HeaderFencingToken = "Fencing-Token"
+	HeaderFencingLock  = "Fencing-Lock"
+	HeaderFencingProof = "Fencing-Proof"
+)
+
+// Lock is a granted lock. Its methods are safe for concurrent use.
+type Lock struct {
+	c     *Client
+	name  string
+	token uint64
+	proof string
+	sess  *session
+	lost  chan struct{}
+
+	// Guarded by c.mu.
+	ttl       time.Duration // 0: bound to the session only
+	expiresAt time.Time
+	deadline  time.Time // local lease of the TTL; see Client.expireLocked
+	err       error
+}
+
+// Name returns the lock's name.
+func (l *Lock) Name() string { return l.name }
+
+// Token returns the fencing token of the grant: pass it to every resource
+// the critical section writes to.
+func (l *Lock) Token() uint64 { return l.token }
+
+// Proof returns the fencing proof the server signed for this grant, or ""
+// when it sends none.
+func (l *Lock) Proof() string { return l.proof }
+
+// ExpiresAt returns the expiry the server reported for the lock's TTL (zero
+// for a lock bound only to its session). It is the server's wall clock; the
+// client itself goes by Deadline.
+func (l *Lock) ExpiresAt() time.Time {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	return l.expiresAt
+}
+
+// Deadline returns the conservative local lease: the moment Lost closes
+// unless a keepalive (or, for a TTL lock, a renew) is confirmed first.
+func (l *Lock) Deadline() time.Time {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	d := l.c.leaseEnd(l.sess.deadline, l.sess.ttl)
+	if l.ttl > 0 {
+		if ld := l.c.leaseEnd(l.deadline, l.ttl); ld.Before(d) {
+			d = ld
+		}
+	}
+	return d
+}
+
+// Lost returns a channel closed when the lock stops being held: lost (the
+// local lease ran out, the server pushed "lost" or said not_holder, the
+// session ended), released, or the client closed. Err tells which.
+func (l *Lock) Lost() <-chan struct{} { return l.lost }
+
+// Err returns nil while the lock is held, then why it is not: an error
+// matching ErrLeaseExpired, ErrLockExpired, ErrNotHolder,
+// ErrSessionExpired, ErrReleased or ErrClosed.
+func (l *Lock) Err() error {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	return l.err
+}
+
+// Fence sets the fencing headers on req: Fencing-Token, Fencing-Lock and,
+// when the server sent one, Fencing-Proof.
+func (l *Lock) Fence(req *http.Request) {
+	req.Header.Set(HeaderFencingToken, strconv.FormatUint(l.token, 10))
+	req.Header.Set(HeaderFencingLock, l.name)
+	if l.proof != "" {
+		req.Header.Set(HeaderFencingProof, l.proof)
+	}
+}
+
+// loseLocked marks the lock not held, for cause. Once lost, always lost.
+func (l *Lock) loseLocked(cause error) {
+	if l.err != nil {
+		return
+	}
+	l.err = cause
+	close(l.lost)
+	if l.c.locks[l.name] == l {
+		delete(l.c.locks, l.name)
+	}
+}
+
+// Release releases the lock. It returns nil once the server confirmed, and
+// also for a lock already released. For a lock lost before, it returns the
+// cause of the loss; when the server says the lock is not held any more,
+// an error matching ErrNotHolder. On a ctx error the lock is still held
+// (call Release again, or Close).
+func (l *Lock) Release(ctx context.Context) error {
+	c := l.c
+	c.mu.Lock()
+	err := l.err
+	c.mu.Unlock()
+	if errors.Is(err, ErrReleased) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	m, _, err := c.roundTrip(ctx, l.sess, &api.WSRequest{Op: api.OpRelease, Lock: l.name, FencingToken: l.token})
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch m.Type {
+	case api.TypeOK:
+		l.loseLocked(ErrReleased)
+		return nil
+	case api.TypeError:
+		se := serverError(m.Error, 0)
+		if se.API.Code == api.CodeNotHolder {
+			l.loseLocked(fmt.Errorf("lock %q token %d: %w", l.name, l.token, se))
+		}
+		return se
+	}
+	return fmt.Errorf("lockd: release: unexpected reply %q", m.Type)
+}
+
+// Renew extends the lock's TTL to ttl from now (0: the lock's own TTL) and
+// moves its local lease to the renew's send time plus ttl. For a lock
+// bound only to its session, Renew(ctx, 0) sends a session keepalive. When
+// the server says the lock is gone, the lock is lost and the error matches
+// ErrNotHolder.
+func (l *Lock) Renew(ctx context.Context, ttl time.Duration) error {
+	c := l.c
+	c.mu.Lock()
+	err := l.err
+	if ttl == 0 {
+		ttl = l.ttl
+	}
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if ttl == 0 {
+		m, sent, err := c.roundTrip(ctx, l.sess, &api.WSRequest{Op: api.OpKeepalive})
+		if err != nil {
+			return err
+		}
+		if m.Type == api.TypeError {
+			return serverError(m.Error, 0)
+		}
+		c.confirmSession(l.sess, sent, m.SessionTTLms)
+		return l.Err()
+	}
+	m, sent, err := c.roundTrip(ctx, l.sess, &api.WSRequest{Op: api.OpRenew, Lock: l.name, FencingToken: l.token, TTLms: ms(ttl)})
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch m.Type {
+	case api.TypeOK:
+		if l.err != nil {
+			return l.err // lost meanwhile, and lost stays lost
+		}
+		l.ttl = ttl
+		l.deadline = sent.Add(ttl)
+		if exp, err := api.ParseTime(m.ExpiresAt); err == nil && !exp.IsZero() {
+			l.expiresAt = exp
+		}
+		c.kickLease()
+		return nil
+	case api.TypeError:
+		se := serverError(m.Error, 0)
+		if se.API.Code == api.CodeNotHolder {
+			l.loseLocked(fmt.Errorf("lock %q token %d: %w", l.name, l.token, se))
+		}
+		return se
+	}
+	return fmt.Errorf("lockd: renew: unexpected reply %q", m.Type)
+}
+
+// autoRenew renews l every third of its TTL until it is lost or released.
+func (c *Client) autoRenew(l *Lock) {
+	c.mu.Lock()
+	ttl := l.ttl
+	c.mu.Unlock()
+	t := time.NewTimer(ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.lost:
+			return
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(c.ctx, ttl/3)
+		err := l.Renew(ctx, ttl)
+		cancel()
+		next := ttl / 3
+		if err != nil {
+			if l.Err() != nil {
+				return
+			}
+			c.log.Info("lockd: auto-renew failed, retrying", "lock", l.name, "err", err)
+			next = max(ttl/10, 10*time.Millisecond)
+		}
+		t.Reset(next)
+	}
+}

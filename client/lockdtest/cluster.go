@@ -1,0 +1,351 @@
+// Package lockdtest runs an in-memory fake of lockd for tests of code that
+// speaks to lockd (package client, lockctl): the WebSocket session protocol
+// (hello and resume, acquire with FIFO waits and pushed grants, release,
+// renew, keepalive, "lost" pushes, session expiry) and the plain HTTP API,
+// on one or more members of which one is the leader; followers answer as
+// the SPEC says (not_leader on WebSocket, 307 on HTTP). There is no Raft and
+// nothing on disk: the members share one state, so a leader change keeps
+// sessions and queues, as the real cluster does. Faults: SetLeader,
+// DropConnections, Partition, ExpireSession.
+package lockdtest
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Options configure a Cluster.
+type Options struct {
+	// Members is the number of members; default 1. Member 0 leads first.
+	Members int
+	// Proofs makes grants carry a fencing_proof ("proof:<lock>:<token>").
+	Proofs bool
+	// Logf, if set, receives a line per notable event (e.g. t.Logf).
+	Logf func(format string, args ...any)
+}
+
+// Cluster is a running fake. Close it when done.
+type Cluster struct {
+	opts    Options
+	members []*member
+	stop    chan struct{}
+	wg      sync.WaitGroup // the sweeper and every handler still running
+
+	mu          sync.Mutex
+	closed      bool
+	leader      int // index of the leader, -1 for none
+	partitioned bool
+	healed      chan struct{} // closed when a partition ends
+	lastToken   uint64
+	nextSession int
+	sessions    map[string]*session
+	ended       map[string]time.Time // when each ended session ended
+	locks       map[string]*lock
+	fresh       int // hellos that opened a session
+	resumed     int // hellos that resumed one
+}
+
+// New starts a fake cluster.
+func New(opts Options) *Cluster {
+	if opts.Members <= 0 {
+		opts.Members = 1
+	}
+	c := &Cluster{
+		opts:     opts,
+		stop:     make(chan struct{}),
+		healed:   make(chan struct{}),
+		sessions: make(map[string]*session),
+		ended:    make(map[string]time.Time),
+		locks:    make(map[string]*lock),
+	}
+	close(c.healed)
+	for i := 0; i < opts.Members; i++ {
+		m := &member{c: c, idx: i, id: fmt.Sprintf("node%d", i+1), conns: make(map[*conn]struct{})}
+		m.srv = httptest.NewUnstartedServer(m.routes())
+		c.members = append(c.members, m)
+	}
+	for _, m := range c.members {
+		m.srv.Start()
+	}
+	c.wg.Add(1)
+	go c.sweep()
+	return c
+}
+
+func (c *Cluster) logf(format string, args ...any) {
+	if c.opts.Logf != nil {
+		c.opts.Logf(format, args...)
+	}
+}
+
+func (c *Cluster) sweep() {
+	defer c.wg.Done()
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case now := <-t.C:
+			c.mu.Lock()
+			if c.leader >= 0 {
+				c.sweepLocked(now)
+			}
+			c.mu.Unlock()
+		}
+	}
+}
+
+// URLs returns the members' base URLs.
+func (c *Cluster) URLs() []string {
+	out := make([]string, len(c.members))
+	for i, m := range c.members {
+		out[i] = m.srv.URL
+	}
+	return out
+}
+
+// URL returns member i's base URL.
+func (c *Cluster) URL(i int) string { return c.members[i].srv.URL }
+
+// Leader returns the index of the leader, -1 for none.
+func (c *Cluster) Leader() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leader
+}
+
+// SetLeader makes member i the leader (-1: no leader). Every WebSocket
+// connection is dropped, as when the old leader dies; sessions get a fresh
+// full TTL from now, as the SPEC says a new leader gives them.
+func (c *Cluster) SetLeader(i int) {
+	c.mu.Lock()
+	c.leader = i
+	now := time.Now()
+	for _, s := range c.sessions {
+		if d := now.Add(s.ttl); d.After(s.deadline) {
+			s.deadline = d
+		}
+	}
+	c.dropLocked()
+	c.mu.Unlock()
+	c.logf("lockdtest: leader is now %d", i)
+}
+
+// DropConnections closes every WebSocket connection abruptly. Sessions stay
+// until their TTL runs out.
+func (c *Cluster) DropConnections() {
+	c.mu.Lock()
+	c.dropLocked()
+	c.mu.Unlock()
+}
+
+func (c *Cluster) dropLocked() {
+	for _, m := range c.members {
+		for cn := range m.conns {
+			cn.kill()
+		}
+	}
+}
+
+// Partition cuts (true) or heals (false) the clients off from every member:
+// frames sent either way are dropped and new requests hang, while the
+// leader's timers go on (sessions expire when keepalives stop arriving).
+func (c *Cluster) Partition(on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if on == c.partitioned {
+		return
+	}
+	c.partitioned = on
+	if on {
+		c.healed = make(chan struct{})
+	} else {
+		close(c.healed)
+	}
+	c.logf("lockdtest: partitioned=%v", on)
+}
+
+// ExpireSession ends a session now, as DELETE /api/v1/sessions/{id} does.
+// It reports whether the session was alive.
+func (c *Cluster) ExpireSession(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.sessions[id]
+	if s == nil {
+		return false
+	}
+	c.endSessionLocked(s)
+	return true
+}
+
+// SessionDeadline returns when a live session expires unless a keepalive
+// arrives: the last one received plus the TTL.
+func (c *Cluster) SessionDeadline(id string) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.sessions[id]; s != nil {
+		return s.deadline, true
+	}
+	return time.Time{}, false
+}
+
+// SessionEnded returns when session id ended, if it did.
+func (c *Cluster) SessionEnded(id string) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.ended[id]
+	return t, ok
+}
+
+// Sessions returns the IDs of the live sessions, sorted.
+func (c *Cluster) Sessions() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for id := range c.sessions {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Hellos returns how many hellos opened a session and how many resumed one.
+func (c *Cluster) Hellos() (fresh, resumed int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.fresh, c.resumed
+}
+
+// Holder returns the holder of a lock.
+func (c *Cluster) Holder(name string) (clientID string, token uint64, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l := c.locks[name]; l != nil && l.holder != nil {
+		return l.holder.clientID, l.holder.token, true
+	}
+	return "", 0, false
+}
+
+// LockExpires returns when the lock's TTL runs out (zero: no TTL, or free).
+func (c *Cluster) LockExpires(name string) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l := c.locks[name]; l != nil && l.holder != nil {
+		return l.holder.expires
+	}
+	return time.Time{}
+}
+
+// Waiters returns the client IDs waiting for a lock, in queue order.
+func (c *Cluster) Waiters(name string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	if l := c.locks[name]; l != nil {
+		for _, w := range l.queue {
+			out = append(out, w.clientID)
+		}
+	}
+	return out
+}
+
+// Conns returns the number of open WebSocket connections.
+func (c *Cluster) Conns() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, m := range c.members {
+		n += len(m.conns)
+	}
+	return n
+}
+
+// Close stops the fake: connections are closed, hanging requests return,
+// and every goroutine of the fake has ended when it returns.
+func (c *Cluster) Close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.dropLocked()
+	close(c.stop)
+	c.mu.Unlock()
+	for _, m := range c.members {
+		m.srv.CloseClientConnections()
+		m.srv.Close()
+	}
+	c.wg.Wait()
+}
+
+// track registers a running handler; false when the fake is closing.
+func (c *Cluster) track() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.wg.Add(1)
+	return true
+}
+
+// hold makes a request wait while the cluster is partitioned. It reports
+// whether to go on.
+func (c *Cluster) hold(r *http.Request) bool {
+	c.mu.Lock()
+	healed := c.healed
+	c.mu.Unlock()
+	select {
+	case <-healed:
+		return true
+	case <-r.Context().Done():
+	case <-c.stop:
+	}
+	return false
+}
+
+func (c *Cluster) leaderURLLocked() string {
+	if c.leader < 0 {
+		return ""
+	}
+	return c.members[c.leader].srv.URL
+}
+
+// ExpireLock ends the current grant of a lock as its TTL running out does:
+// the holder hears "lost" (reason expired) and the next waiter gets it. It
+// reports whether the lock was held.
+func (c *Cluster) ExpireLock(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.locks[name]
+	if l == nil || l.holder == nil {
+		return false
+	}
+	h := l.holder
+	if s := c.sessions[h.sessionID]; s != nil && s.conn != nil {
+		s.conn.pushLocked(grantLost(h))
+	}
+	l.holder = nil
+	c.handoffLocked(l)
+	return true
+}
+
+// DropGrant frees a lock without telling the holder, as if the "lost" push
+// went missing; the holder learns it at its next renew or release.
+func (c *Cluster) DropGrant(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.locks[name]
+	if l == nil || l.holder == nil {
+		return false
+	}
+	l.holder = nil
+	c.handoffLocked(l)
+	return true
+}

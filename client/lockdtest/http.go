@@ -1,0 +1,269 @@
+package lockdtest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"time"
+
+	"github.com/lockd/lockd/api"
+)
+
+// member is one fake cluster member: an HTTP server on the shared state.
+type member struct {
+	c     *Cluster
+	idx   int
+	id    string
+	srv   *httptest.Server
+	conns map[*conn]struct{} // guarded by Cluster.mu
+}
+
+func sessionID(n int) string { return fmt.Sprintf("s%06d", n) }
+
+func (m *member) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/v1/ws", m.serveWS)
+	mux.HandleFunc("POST /api/v1/locks/{name}/acquire", m.leaderOnly(m.acquire))
+	mux.HandleFunc("POST /api/v1/locks/{name}/release", m.leaderOnly(m.release))
+	mux.HandleFunc("POST /api/v1/locks/{name}/renew", m.leaderOnly(m.renew))
+	mux.HandleFunc("GET /api/v1/locks/{name}", m.leaderOnly(m.status))
+	mux.HandleFunc("GET /api/v1/locks", m.leaderOnly(m.list))
+	mux.HandleFunc("POST /api/v1/sessions", m.leaderOnly(m.createSession))
+	mux.HandleFunc("POST /api/v1/sessions/{id}/keepalive", m.leaderOnly(m.keepalive))
+	mux.HandleFunc("DELETE /api/v1/sessions/{id}", m.leaderOnly(m.deleteSession))
+	mux.HandleFunc("GET /api/v1/cluster", m.held(m.cluster))
+	mux.HandleFunc("POST /api/v1/cluster/transfer-leadership", m.leaderOnly(m.transfer))
+	mux.HandleFunc("POST /api/v1/cluster/members", m.leaderOnly(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, struct{}{}) }))
+	mux.HandleFunc("DELETE /api/v1/cluster/members/{id}", m.leaderOnly(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, struct{}{}) }))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })
+	return mux
+}
+
+// held wraps a handler: tracked for Close, hung while partitioned.
+func (m *member) held(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !m.c.track() {
+			writeErr(w, api.CodeInternal, "closing")
+			return
+		}
+		defer m.c.wg.Done()
+		if !m.c.hold(r) {
+			return
+		}
+		h(w, r)
+	}
+}
+
+// leaderOnly redirects to the leader, or answers no_leader, on a follower.
+func (m *member) leaderOnly(h http.HandlerFunc) http.HandlerFunc {
+	return m.held(func(w http.ResponseWriter, r *http.Request) {
+		m.c.mu.Lock()
+		leader, lurl := m.c.leader, m.c.leaderURLLocked()
+		m.c.mu.Unlock()
+		if leader == m.idx || (r.Method == http.MethodGet && r.URL.Query().Get("stale") == "true") {
+			h(w, r)
+			return
+		}
+		if leader < 0 {
+			w.Header().Set("Retry-After", "1")
+			writeErr(w, api.CodeNoLeader, "no leader known")
+			return
+		}
+		w.Header().Set(api.HeaderLeader, lurl)
+		w.Header().Set("Location", lurl+r.URL.RequestURI())
+		w.WriteHeader(http.StatusTemporaryRedirect)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeErr(w http.ResponseWriter, code, msg string) {
+	writeJSON(w, api.Status(code), api.ErrorReply{Error: api.Error{Code: code, Message: msg}})
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(io.LimitReader(r.Body, api.MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil && err != io.EOF {
+		writeErr(w, api.CodeInvalidArgument, "body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func (m *member) acquire(w http.ResponseWriter, r *http.Request) {
+	c := m.c
+	name := r.PathValue("name")
+	var req api.AcquireRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if !validName(name) || req.ClientID == "" {
+		writeErr(w, api.CodeInvalidArgument, "lock name or client_id invalid")
+		return
+	}
+	ttl := time.Duration(api.DefaultLockTTLms) * time.Millisecond
+	if req.SessionID != "" {
+		ttl = 0
+	}
+	if req.TTLms != nil {
+		ttl = ms(req.TTLms)
+	}
+	wait := ms(req.WaitTimeoutMs)
+	notify := make(chan acquireDone, 1)
+	c.mu.Lock()
+	if req.SessionID != "" && c.sessions[req.SessionID] == nil {
+		c.mu.Unlock()
+		writeErr(w, api.CodeSessionExpired, "session "+req.SessionID+" is not alive")
+		return
+	}
+	h, code, holder := c.acquireLocked(name, req.ClientID, req.SessionID, ttl, wait, 0, notify)
+	c.mu.Unlock()
+	if h == nil && code == "" {
+		select {
+		case d := <-notify:
+			h, code = d.h, d.code
+		case <-r.Context().Done():
+			return
+		case <-c.stop:
+			return
+		}
+	}
+	if h == nil {
+		writeJSON(w, http.StatusConflict, api.AcquireReply{Acquired: false, Error: &api.Error{Code: code, Message: "lock " + name + " not acquired"}, Holder: holder})
+		return
+	}
+	writeJSON(w, 200, api.AcquireReply{Acquired: true, Lock: name, ClientID: h.clientID, FencingToken: h.token, ExpiresAt: fmtTime(h.expires), FencingProof: h.proof})
+}
+
+func (m *member) release(w http.ResponseWriter, r *http.Request) {
+	var req api.ReleaseRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	m.c.mu.Lock()
+	ok := m.c.releaseLocked(r.PathValue("name"), req.ClientID, req.FencingToken)
+	m.c.mu.Unlock()
+	if !ok {
+		writeErr(w, api.CodeNotHolder, "client "+req.ClientID+" does not hold that token")
+		return
+	}
+	writeJSON(w, 200, api.ReleaseReply{Released: true})
+}
+
+func (m *member) renew(w http.ResponseWriter, r *http.Request) {
+	var req api.RenewRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	m.c.mu.Lock()
+	h, ok := m.c.renewLocked(r.PathValue("name"), req.ClientID, req.FencingToken, ms(req.TTLms))
+	m.c.mu.Unlock()
+	if !ok {
+		writeErr(w, api.CodeNotHolder, "client "+req.ClientID+" does not hold that token")
+		return
+	}
+	writeJSON(w, 200, api.RenewReply{Renewed: true, ExpiresAt: fmtTime(h.expires)})
+}
+
+func (m *member) status(w http.ResponseWriter, r *http.Request) {
+	m.c.mu.Lock()
+	st := m.c.statusLocked(r.PathValue("name"))
+	m.c.mu.Unlock()
+	writeJSON(w, 200, st)
+}
+
+func (m *member) list(w http.ResponseWriter, r *http.Request) {
+	m.c.mu.Lock()
+	l := m.c.listLocked(r.URL.Query().Get("prefix"))
+	m.c.mu.Unlock()
+	writeJSON(w, 200, api.LockList{Locks: l})
+}
+
+func (m *member) createSession(w http.ResponseWriter, r *http.Request) {
+	var req api.SessionRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	ttl := time.Duration(api.DefaultSessionTTL) * time.Millisecond
+	if req.TTLms != nil {
+		ttl = ms(req.TTLms)
+	}
+	if req.ClientID == "" || ttl < api.MinSessionTTLms*time.Millisecond || ttl > api.MaxSessionTTLms*time.Millisecond {
+		writeErr(w, api.CodeInvalidArgument, "client_id or ttl_ms invalid")
+		return
+	}
+	c := m.c
+	c.mu.Lock()
+	c.nextSession++
+	s := &session{id: sessionID(c.nextSession), clientID: req.ClientID, ttl: ttl, deadline: time.Now().Add(ttl)}
+	c.sessions[s.id] = s
+	c.mu.Unlock()
+	writeJSON(w, 200, api.SessionReply{SessionID: s.id, TTLms: ttl.Milliseconds()})
+}
+
+func (m *member) keepalive(w http.ResponseWriter, r *http.Request) {
+	c := m.c
+	c.mu.Lock()
+	s := c.sessions[r.PathValue("id")]
+	if s != nil {
+		s.deadline = time.Now().Add(s.ttl)
+	}
+	c.mu.Unlock()
+	if s == nil {
+		writeErr(w, api.CodeSessionExpired, "session "+r.PathValue("id")+" is not alive")
+		return
+	}
+	writeJSON(w, 200, api.SessionReply{TTLms: s.ttl.Milliseconds()})
+}
+
+func (m *member) deleteSession(w http.ResponseWriter, r *http.Request) {
+	if !m.c.ExpireSession(r.PathValue("id")) {
+		writeErr(w, api.CodeSessionExpired, "session "+r.PathValue("id")+" is not alive")
+		return
+	}
+	writeJSON(w, 200, struct{}{})
+}
+
+func (m *member) cluster(w http.ResponseWriter, r *http.Request) {
+	c := m.c
+	c.mu.Lock()
+	st := api.ClusterStatus{Term: 1, LeaderHTTP: c.leaderURLLocked()}
+	if c.leader >= 0 {
+		st.LeaderID = c.members[c.leader].id
+	}
+	for _, mm := range c.members {
+		u := c.URL(mm.idx)
+		st.Members = append(st.Members, api.Member{ID: mm.id, RaftAddr: "fake:" + mm.id, HTTPAddr: strings.TrimPrefix(u, "http://"), Voter: true})
+	}
+	c.mu.Unlock()
+	writeJSON(w, 200, st)
+}
+
+func (m *member) transfer(w http.ResponseWriter, r *http.Request) {
+	var req api.TransferRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	c := m.c
+	to := -1
+	for _, mm := range c.members {
+		if (req.To == "" && mm.idx != m.idx) || mm.id == req.To {
+			to = mm.idx
+			break
+		}
+	}
+	if to < 0 {
+		writeErr(w, api.CodeInvalidArgument, "no member "+req.To)
+		return
+	}
+	writeJSON(w, 200, struct{}{})
+	c.SetLeader(to)
+}

@@ -1,0 +1,240 @@
+package lockdtest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/lockd/lockd/api"
+)
+
+// conn is one WebSocket connection to a member.
+type conn struct {
+	m      *member
+	ws     *websocket.Conn
+	ctx    context.Context
+	cancel context.CancelFunc
+	out    chan api.WSMessage
+	sess   *session // guarded by Cluster.mu
+	once   sync.Once
+}
+
+// pushLocked queues a frame; a connection too slow to take it is dropped.
+func (cn *conn) pushLocked(m api.WSMessage) {
+	select {
+	case cn.out <- m:
+	default:
+		cn.kill()
+	}
+}
+
+func (cn *conn) kill() { cn.cancel() }
+
+func (m *member) serveWS(w http.ResponseWriter, r *http.Request) {
+	c := m.c
+	if !c.track() {
+		http.Error(w, "closing", http.StatusServiceUnavailable)
+		return
+	}
+	defer c.wg.Done()
+	if !c.hold(r) {
+		return
+	}
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	leader, lurl := c.leader, c.leaderURLLocked()
+	c.mu.Unlock()
+	if leader != m.idx {
+		code := api.CodeNotLeader
+		if leader < 0 {
+			code = api.CodeNoLeader
+		}
+		data, _ := json.Marshal(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: code, Message: "this member is not the leader"}, Leader: lurl})
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		_ = ws.Write(ctx, websocket.MessageText, data)
+		cancel()
+		ws.Close(websocket.StatusTryAgainLater, "not the leader")
+		return
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cn := &conn{m: m, ws: ws, ctx: ctx, cancel: cancel, out: make(chan api.WSMessage, 1024)}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		cancel()
+		ws.CloseNow()
+		return
+	}
+	m.conns[cn] = struct{}{}
+	c.mu.Unlock()
+
+	var wwg sync.WaitGroup
+	wwg.Add(1)
+	go func() {
+		defer wwg.Done()
+		cn.writer()
+	}()
+	for {
+		_, data, err := ws.Read(ctx)
+		if err != nil {
+			break
+		}
+		cn.handle(data)
+	}
+	cancel()
+	wwg.Wait()
+	ws.CloseNow()
+	c.mu.Lock()
+	delete(m.conns, cn)
+	if s := cn.sess; s != nil && s.conn == cn {
+		s.conn = nil
+	}
+	c.mu.Unlock()
+}
+
+func (cn *conn) writer() {
+	c := cn.m.c
+	for {
+		select {
+		case <-cn.ctx.Done():
+			return
+		case msg := <-cn.out:
+			c.mu.Lock()
+			drop := c.partitioned
+			c.mu.Unlock()
+			if drop {
+				continue
+			}
+			data, _ := json.Marshal(msg)
+			wctx, cancel := context.WithTimeout(cn.ctx, 2*time.Second)
+			err := cn.ws.Write(wctx, websocket.MessageText, data)
+			cancel()
+			if err != nil {
+				cn.kill()
+				return
+			}
+		}
+	}
+}
+
+func ms(v *int64) time.Duration {
+	if v == nil {
+		return 0
+	}
+	return time.Duration(*v) * time.Millisecond
+}
+
+// handle runs one client frame.
+func (cn *conn) handle(data []byte) {
+	c := cn.m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.partitioned {
+		return // lost on the way
+	}
+	if c.leader != cn.m.idx {
+		cn.kill()
+		return
+	}
+	var req api.WSRequest
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	reply := func(m api.WSMessage) {
+		m.ID = req.ID
+		cn.pushLocked(m)
+	}
+	fail := func(code, msg string) {
+		reply(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: code, Message: msg}})
+	}
+	if err := dec.Decode(&req); err != nil {
+		fail(api.CodeInvalidArgument, err.Error())
+		return
+	}
+	now := time.Now()
+	if req.Op == api.OpHello {
+		if req.SessionID != "" {
+			s := c.sessions[req.SessionID]
+			if s == nil {
+				fail(api.CodeSessionExpired, "session "+req.SessionID+" is not alive")
+				return
+			}
+			if s.conn != nil && s.conn != cn {
+				s.conn.kill()
+			}
+			s.conn, cn.sess = cn, s
+			s.deadline = now.Add(s.ttl)
+			c.resumed++
+			reply(api.WSMessage{Type: api.TypeHello, SessionID: s.id, SessionTTLms: s.ttl.Milliseconds()})
+			return
+		}
+		ttl := time.Duration(api.DefaultSessionTTL) * time.Millisecond
+		if req.SessionTTLms != nil {
+			ttl = ms(req.SessionTTLms)
+		}
+		if ttl < api.MinSessionTTLms*time.Millisecond || ttl > api.MaxSessionTTLms*time.Millisecond {
+			fail(api.CodeInvalidArgument, "session_ttl_ms out of range")
+			return
+		}
+		if req.ClientID == "" {
+			fail(api.CodeInvalidArgument, "client_id is required")
+			return
+		}
+		c.nextSession++
+		s := &session{id: sessionID(c.nextSession), clientID: req.ClientID, ttl: ttl, deadline: now.Add(ttl), conn: cn}
+		c.sessions[s.id] = s
+		cn.sess = s
+		c.fresh++
+		reply(api.WSMessage{Type: api.TypeHello, SessionID: s.id, SessionTTLms: ttl.Milliseconds()})
+		return
+	}
+	s := cn.sess
+	if s == nil {
+		fail(api.CodeInvalidArgument, "hello first")
+		return
+	}
+	if c.sessions[s.id] != s {
+		fail(api.CodeSessionExpired, "session "+s.id+" ended")
+		return
+	}
+	switch req.Op {
+	case api.OpKeepalive:
+		s.deadline = now.Add(s.ttl)
+		reply(api.WSMessage{Type: api.TypeOK, SessionTTLms: s.ttl.Milliseconds()})
+	case api.OpAcquire:
+		if !validName(req.Lock) {
+			fail(api.CodeInvalidArgument, "lock: bad name")
+			return
+		}
+		h, code, holder := c.acquireLocked(req.Lock, s.clientID, s.id, ms(req.TTLms), ms(req.WaitTimeoutMs), req.ID, nil)
+		switch {
+		case h != nil:
+			cn.pushLocked(grantedMsg(req.ID, h))
+		case code != "":
+			fail(code, "lock "+req.Lock+" is held by "+holder)
+		}
+	case api.OpRelease:
+		if !c.releaseLocked(req.Lock, s.clientID, req.FencingToken) {
+			fail(api.CodeNotHolder, "not the holder of "+req.Lock)
+			return
+		}
+		reply(api.WSMessage{Type: api.TypeOK})
+	case api.OpRenew:
+		h, ok := c.renewLocked(req.Lock, s.clientID, req.FencingToken, ms(req.TTLms))
+		if !ok {
+			fail(api.CodeNotHolder, "not the holder of "+req.Lock)
+			return
+		}
+		reply(api.WSMessage{Type: api.TypeOK, Lock: req.Lock, FencingToken: h.token, ExpiresAt: fmtTime(h.expires)})
+	default:
+		fail(api.CodeInvalidArgument, "unknown op "+req.Op)
+	}
+}

@@ -1,0 +1,294 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/lockd/lockd/api"
+)
+
+// command prepares a command's flag set with a usage line.
+func (e *env) command(name, synopsis string) *flag.FlagSet {
+	fs := newFlagSet(name, e.stderr, e.g)
+	fs.Usage = func() {
+		fmt.Fprintf(e.stderr, "usage: lockctl %s\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses a command line and checks the common flags.
+func (e *env) parse(fs *flag.FlagSet, args []string, names ...string) ([]string, int, bool) {
+	pos, err := parseExact(fs, args, names...)
+	if err == nil {
+		err = e.checkOutput()
+	}
+	if err != nil {
+		return nil, usageErr(e.stderr, err), false
+	}
+	return pos, 0, true
+}
+
+func (e *env) acquire(ctx context.Context, args []string) int {
+	fs := e.command("acquire", "acquire NAME [--ttl 30s] [--wait 0s]")
+	ttl := fs.Duration("ttl", 30*time.Second, "lock TTL")
+	wait := fs.Duration("wait", 0, "how long to wait for the lock (0: try once)")
+	pos, code, ok := e.parse(fs, args, "NAME")
+	if !ok {
+		return code
+	}
+	a, err := e.api()
+	if err != nil {
+		return usageErr(e.stderr, err)
+	}
+	ctx, cancel := e.ctx(ctx, *wait)
+	defer cancel()
+	name := pos[0]
+	rep, err := a.Acquire(ctx, name, e.clientID(), *ttl, *wait)
+	if err != nil {
+		e.nameHolder(a, name, &err)
+		return e.fail(err, "lock "+name)
+	}
+	e.print(rep, fmt.Sprintf("%s acquired token=%d expires_at=%s client_id=%s", name, rep.FencingToken, orDash(rep.ExpiresAt), orDash(rep.ClientID)))
+	return exitOK
+}
+
+func (e *env) release(ctx context.Context, args []string) int {
+	fs := e.command("release", "release NAME --token N")
+	token := fs.Uint64("token", 0, "fencing token of the grant (required)")
+	pos, code, ok := e.parse(fs, args, "NAME")
+	if !ok {
+		return code
+	}
+	if *token == 0 {
+		return usageErr(e.stderr, fmt.Errorf("release: --token is required"))
+	}
+	a, err := e.api()
+	if err != nil {
+		return usageErr(e.stderr, err)
+	}
+	ctx, cancel := e.ctx(ctx, 0)
+	defer cancel()
+	if err := a.Release(ctx, pos[0], e.clientID(), *token); err != nil {
+		return e.fail(err, "lock "+pos[0])
+	}
+	e.print(api.ReleaseReply{Released: true}, pos[0]+" released")
+	return exitOK
+}
+
+func (e *env) renew(ctx context.Context, args []string) int {
+	fs := e.command("renew", "renew NAME --token N [--ttl 30s]")
+	token := fs.Uint64("token", 0, "fencing token of the grant (required)")
+	ttl := fs.Duration("ttl", 0, "new TTL (default: the lock's)")
+	pos, code, ok := e.parse(fs, args, "NAME")
+	if !ok {
+		return code
+	}
+	if *token == 0 {
+		return usageErr(e.stderr, fmt.Errorf("renew: --token is required"))
+	}
+	a, err := e.api()
+	if err != nil {
+		return usageErr(e.stderr, err)
+	}
+	ctx, cancel := e.ctx(ctx, 0)
+	defer cancel()
+	rep, err := a.Renew(ctx, pos[0], e.clientID(), *token, *ttl)
+	if err != nil {
+		return e.fail(err, "lock "+pos[0])
+	}
+	e.print(rep, fmt.Sprintf("%s renewed expires_at=%s", pos[0], orDash(rep.ExpiresAt)))
+	return exitOK
+}
+
+func statusLine(st api.LockStatus) string {
+	if !st.Held {
+		return fmt.Sprintf("%s free waiters=%d", st.Lock, st.Waiters)
+	}
+	return fmt.Sprintf("%s held client_id=%s token=%d expires_at=%s session_id=%s waiters=%d",
+		st.Lock, st.ClientID, st.FencingToken, orDash(st.ExpiresAt), orDash(st.SessionID), st.Waiters)
+}
+
+func (e *env) status(ctx context.Context, args []string) int {
+	fs := e.command("status", "status NAME [--stale]")
+	stale := fs.Bool("stale", false, "let any member answer from its local state")
+	pos, code, ok := e.parse(fs, args, "NAME")
+	if !ok {
+		return code
+	}
+	a, err := e.api()
+	if err != nil {
+		return usageErr(e.stderr, err)
+	}
+	ctx, cancel := e.ctx(ctx, 0)
+	defer cancel()
+	st, err := a.Status(ctx, pos[0], *stale)
+	if err != nil {
+		return e.fail(err, "lock "+pos[0])
+	}
+	e.print(st, statusLine(*st))
+	return exitOK
+}
+
+func (e *env) list(ctx context.Context, args []string) int {
+	fs := e.command("list", "list [--prefix P]")
+	prefix := fs.String("prefix", "", "only locks whose name starts with P")
+	if _, code, ok := e.parse(fs, args); !ok {
+		return code
+	}
+	a, err := e.api()
+	if err != nil {
+		return usageErr(e.stderr, err)
+	}
+	ctx, cancel := e.ctx(ctx, 0)
+	defer cancel()
+	locks, err := a.List(ctx, *prefix)
+	if err != nil {
+		return e.fail(err, "list")
+	}
+	if locks == nil {
+		locks = []api.LockStatus{}
+	}
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "LOCK\tHOLDER\tTOKEN\tEXPIRES\tWAITERS")
+	for _, l := range locks {
+		holder, token := "-", "-"
+		if l.Held {
+			holder, token = l.ClientID, fmt.Sprint(l.FencingToken)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", l.Lock, holder, token, orDash(l.ExpiresAt), l.Waiters)
+	}
+	tw.Flush()
+	e.print(api.LockList{Locks: locks}, b.String())
+	return exitOK
+}
+
+func (e *env) session(ctx context.Context, args []string) int {
+	if len(args) == 0 {
+		return usageErr(e.stderr, fmt.Errorf("session: want create, keepalive ID or delete ID"))
+	}
+	a, err := e.api()
+	if err != nil {
+		return usageErr(e.stderr, err)
+	}
+	switch sub, args := args[0], args[1:]; sub {
+	case "create":
+		fs := e.command("session create", "session create [--ttl 15s]")
+		ttl := fs.Duration("ttl", 15*time.Second, "session TTL")
+		if _, code, ok := e.parse(fs, args); !ok {
+			return code
+		}
+		ctx, cancel := e.ctx(ctx, 0)
+		defer cancel()
+		rep, err := a.CreateSession(ctx, e.clientID(), *ttl)
+		if err != nil {
+			return e.fail(err, "session create")
+		}
+		e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", rep.SessionID, rep.TTLms))
+	case "keepalive":
+		fs := e.command("session keepalive", "session keepalive ID")
+		pos, code, ok := e.parse(fs, args, "ID")
+		if !ok {
+			return code
+		}
+		ctx, cancel := e.ctx(ctx, 0)
+		defer cancel()
+		rep, err := a.KeepAlive(ctx, pos[0])
+		if err != nil {
+			return e.fail(err, "session "+pos[0])
+		}
+		e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", pos[0], rep.TTLms))
+	case "delete":
+		fs := e.command("session delete", "session delete ID")
+		pos, code, ok := e.parse(fs, args, "ID")
+		if !ok {
+			return code
+		}
+		ctx, cancel := e.ctx(ctx, 0)
+		defer cancel()
+		if err := a.DeleteSession(ctx, pos[0]); err != nil {
+			return e.fail(err, "session "+pos[0])
+		}
+		e.print(map[string]any{"deleted": true, "session_id": pos[0]}, "session "+pos[0]+" deleted")
+	default:
+		return usageErr(e.stderr, fmt.Errorf("session: unknown subcommand %q (want create, keepalive or delete)", sub))
+	}
+	return exitOK
+}
+
+func (e *env) cluster(ctx context.Context, args []string) int {
+	if len(args) == 0 {
+		return usageErr(e.stderr, fmt.Errorf("cluster: want status, add, remove or transfer"))
+	}
+	a, err := e.api()
+	if err != nil {
+		return usageErr(e.stderr, err)
+	}
+	switch sub, args := args[0], args[1:]; sub {
+	case "status":
+		fs := e.command("cluster status", "cluster status")
+		if _, code, ok := e.parse(fs, args); !ok {
+			return code
+		}
+		ctx, cancel := e.ctx(ctx, 0)
+		defer cancel()
+		st, err := a.Cluster(ctx)
+		if err != nil {
+			return e.fail(err, "cluster status")
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "leader %s %s term %d\n", orDash(st.LeaderID), orDash(st.LeaderHTTP), st.Term)
+		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tRAFT\tHTTP\tVOTER\tLEADER")
+		for _, m := range st.Members {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\n", m.ID, m.RaftAddr, m.HTTPAddr, m.Voter, m.ID == st.LeaderID)
+		}
+		tw.Flush()
+		e.print(st, b.String())
+	case "add":
+		fs := e.command("cluster add", "cluster add ID RAFTADDR HTTPADDR")
+		pos, code, ok := e.parse(fs, args, "ID", "RAFTADDR", "HTTPADDR")
+		if !ok {
+			return code
+		}
+		ctx, cancel := e.ctx(ctx, 0)
+		defer cancel()
+		m := api.AddMemberRequest{ID: pos[0], RaftAddr: pos[1], HTTPAddr: pos[2]}
+		if err := a.AddMember(ctx, m); err != nil {
+			return e.fail(err, "cluster add "+pos[0])
+		}
+		e.print(m, "member "+pos[0]+" added")
+	case "remove":
+		fs := e.command("cluster remove", "cluster remove ID")
+		pos, code, ok := e.parse(fs, args, "ID")
+		if !ok {
+			return code
+		}
+		ctx, cancel := e.ctx(ctx, 0)
+		defer cancel()
+		if err := a.RemoveMember(ctx, pos[0]); err != nil {
+			return e.fail(err, "cluster remove "+pos[0])
+		}
+		e.print(map[string]any{"removed": pos[0]}, "member "+pos[0]+" removed")
+	case "transfer":
+		fs := e.command("cluster transfer", "cluster transfer [--to ID]")
+		to := fs.String("to", "", "member to hand the leadership to (default: the cluster picks)")
+		if _, code, ok := e.parse(fs, args); !ok {
+			return code
+		}
+		ctx, cancel := e.ctx(ctx, 0)
+		defer cancel()
+		if err := a.TransferLeadership(ctx, *to); err != nil {
+			return e.fail(err, "cluster transfer")
+		}
+		e.print(api.TransferRequest{To: *to}, "leadership transfer requested")
+	default:
+		return usageErr(e.stderr, fmt.Errorf("cluster: unknown subcommand %q (want status, add, remove or transfer)", sub))
+	}
+	return exitOK
+}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/client"
+)
+
+// exitCode maps an error to lockctl's exit code.
+func exitCode(err error) int {
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, client.ErrLockHeld), errors.Is(err, client.ErrWaitTimeout):
+		return exitNotAcquired
+	case errors.Is(err, client.ErrNotHolder), errors.Is(err, client.ErrSessionExpired):
+		return exitNotHolder
+	case errors.Is(err, client.ErrNoLeader):
+		return exitNoLeader
+	}
+	var se *client.ServerError
+	if errors.As(err, &se) && se.API.Code == "not_found" {
+		return exitNotHolder
+	}
+	return exitError
+}
+
+// fail prints a short message naming the cause and returns the exit code.
+func (e *env) fail(err error, what string) int {
+	fmt.Fprintf(e.stderr, "lockctl: %s\n", e.describe(err, what))
+	return exitCode(err)
+}
+
+// describe words an error for a person: the cause first, details after.
+func (e *env) describe(err error, what string) string {
+	var se *client.ServerError
+	errors.As(err, &se)
+	msg := ""
+	if se != nil && se.API.Message != "" {
+		msg = ": " + se.API.Message
+	}
+	switch {
+	case errors.Is(err, client.ErrNoLeader):
+		detail := strings.TrimPrefix(err.Error(), client.ErrNoLeader.Error()+": ")
+		if se != nil && se.API.Message != "" {
+			detail = se.API.Message
+		}
+		return fmt.Sprintf("%s: no leader (tried %s for %v): %s", what, e.g.endpoints, e.g.timeout, detail)
+	case errors.Is(err, client.ErrLockHeld):
+		return fmt.Sprintf("%s: held by %s", what, holderOf(se))
+	case errors.Is(err, client.ErrWaitTimeout):
+		return fmt.Sprintf("%s: timed out waiting (held by %s)", what, holderOf(se))
+	case errors.Is(err, client.ErrNotHolder):
+		return fmt.Sprintf("%s: not the holder: client %s does not hold it with that token", what, e.clientID())
+	case errors.Is(err, client.ErrSessionExpired):
+		return fmt.Sprintf("%s: session expired or unknown%s", what, msg)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Sprintf("%s: timed out after %v (%v)", what, e.g.timeout, err)
+	case se != nil:
+		return fmt.Sprintf("%s: %s%s", what, se.API.Code, msg)
+	}
+	return fmt.Sprintf("%s: %v", what, err)
+}
+
+func holderOf(se *client.ServerError) string {
+	if se != nil && se.Holder != "" {
+		return se.Holder
+	}
+	return "another client"
+}
+
+func (e *env) jsonOut() bool { return e.g.output == "json" }
+
+func (e *env) checkOutput() error {
+	switch e.g.output {
+	case "", "text", "json":
+		return nil
+	}
+	return fmt.Errorf("-o %q: want text or json", e.g.output)
+}
+
+// print writes v as JSON, or text as given.
+func (e *env) print(v any, text string) {
+	if e.jsonOut() {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(v)
+		return
+	}
+	fmt.Fprintln(e.stdout, strings.TrimRight(text, "\n"))
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func (e *env) ctx(parent context.Context, extra time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(parent, e.g.timeout+extra)
+}
+
+func apiError(code, msg string) api.Error { return api.Error{Code: code, Message: msg} }

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/lockd/lockd/client"
+)
+
+// forwarded are the signals lockctl run passes on to the command.
+var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
+
+func (e *env) run(ctx context.Context, args []string) int {
+	flags := e.command("run", "run NAME [--ttl D] [--wait D] [--session-ttl 15s] [--grace 10s] -- CMD [ARGS...]")
+	ttl := flags.Duration("ttl", 0, "lock TTL, renewed while CMD runs (default: none, the lock lives with the session)")
+	wait := flags.Duration("wait", 0, "how long to wait for the lock (0: try once)")
+	sessionTTL := flags.Duration("session-ttl", 15*time.Second, "session TTL: how long the cluster keeps the lock after lockctl stops answering")
+	grace := flags.Duration("grace", 10*time.Second, "after a lost lock, how long CMD has between SIGTERM and SIGKILL")
+	pos, rest, err := parseArgs(flags, args, 2)
+	if err == nil {
+		err = e.checkOutput()
+	}
+	if err == nil && len(pos) == 0 {
+		err = errors.New("run: missing NAME")
+	}
+	var argv []string
+	if err == nil {
+		argv = append(pos[1:], rest...)
+		if len(argv) == 0 {
+			err = errors.New("run: missing CMD (lockctl run NAME -- CMD [ARGS...])")
+		}
+	}
+	if err != nil {
+		return usageErr(e.stderr, err)
+	}
+	name := pos[0]
+
+	sigCh := make(chan os.Signal, 8)
+	signal.Notify(sigCh, forwarded...)
+	defer signal.Stop(sigCh)
+
+	// Take the lock; a signal meanwhile gives up.
+	type result struct {
+		c   *client.Client
+		l   *client.Lock
+		err error
+	}
+	resCh := make(chan result, 1)
+	actx, cancel := context.WithTimeout(ctx, e.g.timeout+*wait)
+	defer cancel()
+	go func() {
+		c, l, err := e.runAcquire(actx, name, *ttl, *wait, *sessionTTL)
+		resCh <- result{c, l, err}
+	}()
+	var r result
+	select {
+	case r = <-resCh:
+	case s := <-sigCh:
+		cancel()
+		r = <-resCh
+		if r.c != nil {
+			_ = r.c.Close()
+		}
+		fmt.Fprintf(e.stderr, "lockctl: lock %s: interrupted by %v before the lock was taken\n", name, s)
+		return 128 + int(s.(syscall.Signal))
+	}
+	if r.err != nil {
+		if r.c != nil {
+			e.nameHolder(r.c.API(), name, &r.err)
+			_ = r.c.Close()
+		}
+		return e.fail(r.err, "lock "+name)
+	}
+	c, l := r.c, r.l
+	defer c.Close()
+
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
+	cmd.Env = append(os.Environ(), "LOCKD_LOCK="+name, "LOCKD_FENCING_TOKEN="+strconv.FormatUint(l.Token(), 10))
+	if p := l.Proof(); p != "" {
+		cmd.Env = append(cmd.Env, "LOCKD_FENCING_PROOF="+p)
+	}
+	// Its own process group, so that a lost lock stops the whole job, not
+	// only a shell whose children would go on writing.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		e.releaseQuietly(l)
+		fmt.Fprintf(e.stderr, "lockctl: starting %s: %v\n", argv[0], err)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			return 127
+		}
+		return 126
+	}
+	pgid := cmd.Process.Pid
+	waitCh := make(chan error, 1)
+	go func() { waitCh <- cmd.Wait() }()
+
+	lost := l.Lost()
+	var lostErr error
+	var killAfter <-chan time.Time
+	var werr error
+wait:
+	for {
+		select {
+		case werr = <-waitCh:
+			break wait
+		case <-lost:
+			lost = nil
+			lostErr = l.Err()
+			fmt.Fprintf(e.stderr, "lockctl: lost lock %s (token %d): %s; sent SIGTERM to %s, SIGKILL in %v\n", name, l.Token(), lostCause(lostErr), argv[0], *grace)
+			_ = syscall.Kill(-pgid, syscall.SIGTERM)
+			t := time.NewTimer(*grace)
+			defer t.Stop()
+			killAfter = t.C
+		case <-killAfter:
+			killAfter = nil
+			fmt.Fprintf(e.stderr, "lockctl: %s still running %v after SIGTERM; sent SIGKILL\n", argv[0], *grace)
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		case s := <-sigCh:
+			_ = syscall.Kill(-pgid, s.(syscall.Signal))
+		}
+	}
+	if lostErr == nil {
+		if err := l.Err(); err != nil {
+			// Lost while CMD was exiting: its last writes may have raced
+			// another holder, so report the loss all the same.
+			lostErr = err
+			fmt.Fprintf(e.stderr, "lockctl: lost lock %s (token %d) as %s exited: %s\n", name, l.Token(), argv[0], lostCause(lostErr))
+		}
+	}
+	if lostErr != nil {
+		return exitLost
+	}
+	e.releaseQuietly(l)
+	return commandExit(werr)
+}
+
+// runAcquire opens the session and takes the lock.
+func (e *env) runAcquire(ctx context.Context, name string, ttl, wait, sessionTTL time.Duration) (*client.Client, *client.Lock, error) {
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if e.getenv("LOCKCTL_DEBUG") != "" {
+		logger = slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	c, err := client.New(ctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL, Logger: logger})
+	if err != nil {
+		return nil, nil, err
+	}
+	var opts []client.AcquireOption
+	if ttl > 0 {
+		opts = append(opts, client.WithTTL(ttl), client.WithAutoRenew())
+	}
+	var l *client.Lock
+	if wait > 0 {
+		l, err = c.Acquire(ctx, name, append(opts, client.WithWaitTimeout(wait))...)
+	} else {
+		l, err = c.TryAcquire(ctx, name, opts...)
+	}
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && wait > 0 {
+			err = fmt.Errorf("%w after %v: %w", client.ErrWaitTimeout, wait, err)
+		}
+		return c, nil, err
+	}
+	return c, l, nil
+}
+
+// nameHolder adds the current holder to a lock_held or wait_timeout error
+// that does not name one (WebSocket errors and wait_timeout replies don't).
+func (e *env) nameHolder(a *client.API, name string, errp *error) {
+	err := *errp
+	if !errors.Is(err, client.ErrLockHeld) && !errors.Is(err, client.ErrWaitTimeout) {
+		return
+	}
+	var se *client.ServerError
+	if errors.As(err, &se) && se.Holder != "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, serr := a.Status(ctx, name, true)
+	if serr != nil || !st.Held {
+		return
+	}
+	code := "lock_held"
+	if errors.Is(err, client.ErrWaitTimeout) {
+		code = "wait_timeout"
+	}
+	*errp = &client.ServerError{API: apiError(code, err.Error()), Holder: fmt.Sprintf("%s, token %d", st.ClientID, st.FencingToken)}
+}
+
+func (e *env) releaseQuietly(l *client.Lock) {
+	ctx, cancel := context.WithTimeout(context.Background(), e.g.timeout)
+	defer cancel()
+	if err := l.Release(ctx); err != nil {
+		fmt.Fprintf(e.stderr, "lockctl: releasing lock %s: %v (the session end releases it)\n", l.Name(), err)
+	}
+}
+
+// lostCause words why a lock was lost.
+func lostCause(err error) string {
+	switch {
+	case errors.Is(err, client.ErrLeaseExpired):
+		return "no keepalive was confirmed by the leader in time (cut off from the cluster?)"
+	case errors.Is(err, client.ErrSessionExpired):
+		return "the session ended on the server (expired or deleted)"
+	case errors.Is(err, client.ErrLockExpired):
+		return "the lock's TTL ran out on the server"
+	case errors.Is(err, client.ErrNotHolder):
+		return "the server no longer has this client as the holder"
+	}
+	return fmt.Sprint(err)
+}
+
+// commandExit maps CMD's end to lockctl's exit code: its own, or 128+N for
+// signal N.
+func commandExit(err error) int {
+	if err == nil {
+		return exitOK
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	return exitError
+}
