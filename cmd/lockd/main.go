@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/lockd/lockd/fence"
 	"github.com/lockd/lockd/internal/server"
 )
@@ -95,6 +97,11 @@ func run(args []string, stderr io.Writer) int {
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(stderr, "lockd: invalid configuration:", err)
 		return 2
+	}
+
+	cfg.Registry = prometheus.NewRegistry()
+	if err := bridgeRaftMetrics(cfg.Registry); err != nil {
+		logger.Warn("raft metrics will not be exported", "err", err)
 	}
 
 	sigs := make(chan os.Signal, 1)

@@ -65,11 +65,27 @@ type Backend interface {
 	Readyz() (bool, string)
 }
 
+// Observer receives what the handlers measure (Prometheus in production).
+type Observer interface {
+	// AcquireDone records one acquire request's latency by outcome:
+	// granted, granted_after_wait, lock_held, wait_timeout, session_expired,
+	// no_leader, invalid, client_gone.
+	AcquireDone(outcome string, d time.Duration)
+	// WebSocketConns moves the open WebSocket connection gauge.
+	WebSocketConns(delta int)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) AcquireDone(string, time.Duration) {}
+func (nopObserver) WebSocketConns(int)                {}
+
 // Config configures the handler.
 type Config struct {
-	Backend Backend
-	Logger  *slog.Logger
-	Metrics http.Handler // served at /metrics; nil serves 404
+	Backend  Backend
+	Observer Observer
+	Logger   *slog.Logger
+	Metrics  http.Handler // served at /metrics; nil serves 404
 	// Extra routes (dashboard and the like) mounted on the same mux.
 	Extra map[string]http.Handler
 }
@@ -77,6 +93,7 @@ type Config struct {
 // Handler is the HTTP API of one member.
 type Handler struct {
 	b   Backend
+	obs Observer
 	log *slog.Logger
 	mux *http.ServeMux
 }
@@ -86,7 +103,10 @@ func New(cfg Config) *Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{b: cfg.Backend, log: cfg.Logger, mux: http.NewServeMux()}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
+	}
+	h := &Handler{b: cfg.Backend, obs: cfg.Observer, log: cfg.Logger, mux: http.NewServeMux()}
 	m := h.mux
 	m.HandleFunc("POST /api/v1/locks/{name}/acquire", h.acquire)
 	m.HandleFunc("POST /api/v1/locks/{name}/release", h.release)
@@ -201,6 +221,8 @@ func (h *Handler) grantReply(lock, client string, token uint64, expiresAt int64)
 }
 
 func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
+	start, outcome := time.Now(), "invalid"
+	defer func() { h.obs.AcquireDone(outcome, time.Since(start)) }()
 	name, err := lockName(r)
 	if err != nil {
 		writeError(w, err)
@@ -251,17 +273,20 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 		res, err := h.b.Propose(r.Context(), cmd)
 		if err != nil {
 			closeSub(sub)
+			outcome, _ = errorCode(err)
 			writeError(w, err)
 			return
 		}
 		switch {
 		case res.Granted:
 			closeSub(sub)
+			outcome = "granted"
 			writeJSON(w, 200, h.grantReply(name, req.ClientID, res.Token, res.ExpiresAt))
 			return
 		case res.Code != locktable.OK:
 			closeSub(sub)
 			e := stateError(res.Code, name, res.Holder)
+			outcome, _ = errorCode(e)
 			if res.Code == locktable.CodeLockHeld {
 				code, msg := errorCode(e)
 				writeJSON(w, 409, api.AcquireReply{Acquired: false, Holder: res.Holder,
@@ -272,7 +297,8 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		// Queued: wait for the committed hand-off.
-		retry := h.awaitGrant(w, r, sub, name, req.ClientID, deadline)
+		var retry bool
+		retry, outcome = h.awaitGrant(w, r, sub, name, req.ClientID, deadline)
 		closeSub(sub)
 		if !retry {
 			return
@@ -290,8 +316,9 @@ func closeSub(s *notify.Sub) {
 }
 
 // awaitGrant waits for the outcome of a queued acquire and writes the reply.
-// It returns true when the caller should re-propose instead.
-func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify.Sub, name, client string, deadline time.Time) bool {
+// It returns true when the caller should re-propose instead, and the
+// outcome for metrics.
+func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify.Sub, name, client string, deadline time.Time) (bool, string) {
 	// The leader's waiter timer ends the wait with a committed timeout; this
 	// fallback only covers a timer that cannot commit (leadership trouble).
 	fallback := time.NewTimer(time.Until(deadline) + 2*time.Second)
@@ -305,34 +332,34 @@ func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify
 			switch ev.Kind {
 			case locktable.EvGranted:
 				writeJSON(w, 200, h.grantReply(name, client, ev.Token, ev.ExpiresAt))
-				return false
+				return false, "granted_after_wait"
 			case locktable.EvWaitEnded:
 				if ev.Reason == locktable.ReasonSessionExpired {
 					writeError(w, &apiError{code: api.CodeSessionExpired, msg: "the session ended while waiting for lock " + name})
-					return false
+					return false, api.CodeSessionExpired
 				}
 				writeJSON(w, 409, api.AcquireReply{Acquired: false,
 					Error: &api.Error{Code: api.CodeWaitTimeout, Message: "timed out waiting for lock " + name}})
-				return false
+				return false, api.CodeWaitTimeout
 			}
 		case <-sub.Done():
 			if errors.Is(sub.Err(), notify.ErrOverflow) {
-				return true
+				return true, ""
 			}
 			writeError(w, &apiError{code: api.CodeNoLeader, msg: "leadership changed while waiting; retry on the new leader (the queue place is kept)"})
-			return false
+			return false, api.CodeNoLeader
 		case <-fallback.C:
 			var li locktable.LockInfo
 			h.b.View(func(t *locktable.Table) { li = t.Get(name) })
 			if li.Held && li.ClientID == client {
 				writeJSON(w, 200, h.grantReply(name, client, li.Token, li.ExpiresAt))
-				return false
+				return false, "granted_after_wait"
 			}
 			writeJSON(w, 409, api.AcquireReply{Acquired: false,
 				Error: &api.Error{Code: api.CodeWaitTimeout, Message: "timed out waiting for lock " + name}})
-			return false
+			return false, api.CodeWaitTimeout
 		case <-r.Context().Done():
-			return false // the client went away; its wait ends at its deadline
+			return false, "client_gone" // its wait ends at its deadline
 		}
 	}
 }

@@ -57,6 +57,8 @@ func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
 		c.Close(websocket.StatusTryAgainLater, "not the leader")
 		return
 	}
+	h.obs.WebSocketConns(1)
+	defer h.obs.WebSocketConns(-1)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); wc.pushLoop() }()

@@ -109,6 +109,11 @@ type Timers struct {
 	wake     chan struct{}
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
+
+	// Session expiries are logged as one line per burst, not one per session.
+	burstMu    sync.Mutex
+	burstCount int
+	burstTimer *time.Timer
 }
 
 // New returns stopped timers.
@@ -407,7 +412,6 @@ func (t *Timers) fire(ctx context.Context, it item) {
 			return // a keepalive arrived while the job was queued
 		}
 		cmd = locktable.Command{Op: locktable.OpExpireSession, SessionID: it.id}
-		t.log.Debug("session expired", "session", it.id)
 	}
 	res, err := t.cfg.Proposer.Propose(pctx, cmd)
 	if ctx.Err() != nil {
@@ -419,6 +423,9 @@ func (t *Timers) fire(ctx context.Context, it item) {
 		return
 	}
 	if len(res.Events) > 0 {
+		if it.kind == kSession {
+			t.noteSessionExpiry(it.id)
+		}
 		return // it acted; Observe already updated the timers
 	}
 	// A no-op: find out from the replicated state whether it is still due.
@@ -452,6 +459,28 @@ func (t *Timers) fire(ctx context.Context, it item) {
 			t.mu.Unlock()
 		}
 	}
+}
+
+// noteSessionExpiry logs expiries in bursts: the first at once, then a
+// count per 5 s window, so a mass client failure makes a few lines, not
+// thousands.
+func (t *Timers) noteSessionExpiry(id string) {
+	t.burstMu.Lock()
+	defer t.burstMu.Unlock()
+	if t.burstTimer == nil {
+		t.log.Info("session expired", "session", id)
+		t.burstTimer = time.AfterFunc(5*time.Second, func() {
+			t.burstMu.Lock()
+			n := t.burstCount
+			t.burstCount, t.burstTimer = 0, nil
+			t.burstMu.Unlock()
+			if n > 0 {
+				t.log.Info("sessions expired", "count", n, "window", "5s")
+			}
+		})
+		return
+	}
+	t.burstCount++
 }
 
 func (t *Timers) rearm(it item, at int64) {

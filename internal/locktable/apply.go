@@ -50,6 +50,7 @@ const (
 	ReasonSessionExpired = "session_expired"
 	ReasonWaitTimeout    = "wait_timeout"
 	ReasonDeleted        = "deleted"
+	ReasonRegrant        = "regrant" // EvGranted for an idempotent re-acquire by the holder
 )
 
 // Event is a deterministic by-product of Apply. The leader hands events to
@@ -174,7 +175,7 @@ func (t *Table) acquire(c Command, r *Result) {
 		h.ExpiresAt = expiry(c.Now, h.TTLms)
 		r.Granted, r.Token, r.ExpiresAt = true, h.Token, h.ExpiresAt
 		r.Events = append(r.Events, Event{Kind: EvGranted, Lock: l.Name, ClientID: h.ClientID,
-			SessionID: h.SessionID, Token: h.Token, TTLms: h.TTLms, ExpiresAt: h.ExpiresAt})
+			SessionID: h.SessionID, Token: h.Token, TTLms: h.TTLms, ExpiresAt: h.ExpiresAt, Reason: ReasonRegrant})
 		return
 	}
 	for i := range l.Waiters {

@@ -214,7 +214,9 @@ func TestApply(t *testing.T) {
 			if !r.Granted || r.Token != 1 || r.ExpiresAt != t0+1400 {
 				t.Fatalf("re-acquire: %+v, want token 1 expiring at t0+1400", r)
 			}
-			wantEvents(t, "re-acquire", r.Events, []lt.Event{evGranted("a", "c1", "", 1, 1000, t0+1400)})
+			regrant := evGranted("a", "c1", "", 1, 1000, t0+1400)
+			regrant.Reason = lt.ReasonRegrant
+			wantEvents(t, "re-acquire", r.Events, []lt.Event{regrant})
 			r = h.ok(acq("a", "c1", 3000, 5000, t0+500)) // new TTL, and a wait that does not matter
 			if !r.Granted || r.Token != 1 || r.ExpiresAt != t0+3500 {
 				t.Fatalf("re-acquire with new TTL: %+v", r)

@@ -3,8 +3,10 @@ package raftnode
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -14,6 +16,7 @@ import (
 // fsm adapts the pure lock table to raft.FSM. It owns the only lock around
 // the table: Apply takes it for writing, readers for reading.
 type fsm struct {
+	log     *slog.Logger
 	mu      sync.RWMutex
 	table   *locktable.Table
 	applied atomic.Uint64
@@ -23,8 +26,8 @@ type fsm struct {
 	appliedCh chan struct{}
 }
 
-func newFSM() *fsm {
-	return &fsm{table: locktable.New(), appliedCh: make(chan struct{})}
+func newFSM(log *slog.Logger) *fsm {
+	return &fsm{log: log, table: locktable.New(), appliedCh: make(chan struct{})}
 }
 
 // Apply decodes and applies one committed command. A committed entry that
@@ -64,10 +67,12 @@ func (f *fsm) appliedWait() (uint64, <-chan struct{}) {
 // Snapshot encodes the table while Apply is blocked (raft guarantees it),
 // so Persist can write the bytes while the log moves on.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	start := time.Now()
 	f.mu.RLock()
 	b := f.table.Snapshot()
+	st := f.table.Stats()
 	f.mu.RUnlock()
-	return &snapshot{data: b}, nil
+	return &snapshot{data: b, log: f.log, start: start, locks: st.Locks, sessions: st.Sessions}, nil
 }
 
 // Restore replaces the table with a snapshot's.
@@ -84,17 +89,29 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	f.table = t
 	f.mu.Unlock()
+	st := t.Stats()
+	f.log.Info("snapshot restored", "bytes", len(b), "locks", st.Locks, "sessions", st.Sessions, "last_token", st.LastToken)
 	return nil
 }
 
-type snapshot struct{ data []byte }
+type snapshot struct {
+	data            []byte
+	log             *slog.Logger
+	start           time.Time
+	locks, sessions int
+}
 
 func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 	if _, err := sink.Write(s.data); err != nil {
 		_ = sink.Cancel()
 		return err
 	}
-	return sink.Close()
+	if err := sink.Close(); err != nil {
+		return err
+	}
+	s.log.Info("snapshot taken", "id", sink.ID(), "bytes", len(s.data), "locks", s.locks,
+		"sessions", s.sessions, "took", time.Since(s.start).Round(time.Millisecond))
+	return nil
 }
 
 func (s *snapshot) Release() {}

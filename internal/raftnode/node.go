@@ -143,9 +143,9 @@ type Node struct {
 
 	proposals  chan proposal
 	batchSizes Observer
-	done     chan struct{}
-	wg       sync.WaitGroup
-	stopOnce sync.Once
+	done       chan struct{}
+	wg         sync.WaitGroup
+	stopOnce   sync.Once
 }
 
 // New opens the stores, starts Raft and, for a new data dir, bootstraps.
@@ -157,7 +157,7 @@ func New(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("raftnode: data dir: %w", err)
 	}
-	n := &Node{cfg: cfg, fsm: newFSM(), log: cfg.Logger,
+	n := &Node{cfg: cfg, fsm: newFSM(cfg.Logger), log: cfg.Logger,
 		notifyCh: make(chan bool, 64), changed: make(chan struct{}, 1), done: make(chan struct{}),
 		proposals: make(chan proposal, 4096), batchSizes: cfg.BatchSizes}
 	if n.batchSizes == nil {

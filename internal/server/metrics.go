@@ -19,8 +19,15 @@ type metrics struct {
 	collectors []prometheus.Collector
 
 	proposeSeconds *prometheus.HistogramVec
+	acquireSeconds *prometheus.HistogramVec
 	acquires       *prometheus.CounterVec
 	events         *prometheus.CounterVec
+	grants         prometheus.Counter
+	releases       prometheus.Counter
+	expiries       prometheus.Counter
+	waitTimeouts   prometheus.Counter
+	sessionExpired prometheus.Counter
+	wsConns        prometheus.Gauge
 }
 
 func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collector) *metrics {
@@ -30,6 +37,20 @@ func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collect
 		Help:    "Time from proposing a command to its commit and apply on the leader, by command and outcome.",
 		Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5},
 	}, []string{"op", "outcome"})
+	m.acquireSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "lockd_acquire_duration_seconds",
+		Help:    "Acquire requests from arrival to reply, waits included, by outcome.",
+		Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"outcome"})
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
+	m.grants = counter("lockd_grants_total", "Locks granted (a re-grant to the holder is not counted).")
+	m.releases = counter("lockd_releases_total", "Locks released by their holder.")
+	m.expiries = counter("lockd_lock_expiries_total", "Locks released because their TTL ran out.")
+	m.waitTimeouts = counter("lockd_wait_timeouts_total", "Waiters that left a queue at their deadline, ungranted.")
+	m.sessionExpired = counter("lockd_session_expiries_total", "Sessions ended because no keepalive reached the leader within their TTL.")
+	m.wsConns = prometheus.NewGauge(prometheus.GaugeOpts{Name: "lockd_websocket_connections", Help: "Open WebSocket connections."})
 	m.acquires = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lockd_acquire_total", Help: "Acquire commands by outcome (granted, queued, lock_held, ...).",
 	}, []string{"outcome"})
@@ -51,7 +72,8 @@ func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collect
 		})
 	}
 	m.collectors = []prometheus.Collector{
-		m.proposeSeconds, m.acquires, m.events,
+		m.proposeSeconds, m.acquireSeconds, m.acquires, m.events,
+		m.grants, m.releases, m.expiries, m.waitTimeouts, m.sessionExpired, m.wsConns,
 		stat("lockd_locks_held", "Locks currently held.", func(st locktable.Stats) float64 { return float64(st.Held) }),
 		stat("lockd_waiters", "Acquires waiting in lock queues.", func(st locktable.Stats) float64 { return float64(st.Waiters) }),
 		stat("lockd_sessions", "Live client sessions.", func(st locktable.Stats) float64 { return float64(st.Sessions) }),
@@ -119,8 +141,27 @@ var eventNames = map[locktable.EventKind]string{
 	locktable.EvSessionCreated: "session_created", locktable.EvSessionEnded: "session_ended",
 }
 
+// AcquireDone and WebSocketConns implement httpapi.Observer.
+func (m *metrics) AcquireDone(outcome string, d time.Duration) {
+	m.acquireSeconds.WithLabelValues(outcome).Observe(d.Seconds())
+}
+
+func (m *metrics) WebSocketConns(delta int) { m.wsConns.Add(float64(delta)) }
+
 func (m *metrics) observeEvents(events []locktable.Event) {
 	for _, ev := range events {
+		switch {
+		case ev.Kind == locktable.EvGranted && ev.Reason != locktable.ReasonRegrant:
+			m.grants.Inc()
+		case ev.Kind == locktable.EvReleased:
+			m.releases.Inc()
+		case ev.Kind == locktable.EvLost && ev.Reason == locktable.ReasonExpired:
+			m.expiries.Inc()
+		case ev.Kind == locktable.EvWaitEnded && ev.Reason == locktable.ReasonWaitTimeout:
+			m.waitTimeouts.Inc()
+		case ev.Kind == locktable.EvSessionEnded && ev.Reason == locktable.ReasonSessionExpired:
+			m.sessionExpired.Inc()
+		}
 		kind := eventNames[ev.Kind]
 		switch {
 		case ev.Kind == locktable.EvLost && ev.Reason == locktable.ReasonExpired:

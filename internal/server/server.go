@@ -97,7 +97,7 @@ func New(cfg Config) (*Server, error) {
 		Now: cfg.Now, Logger: cfg.Logger})
 	s.metrics = newMetrics(cfg.Registry, s, batchSizes)
 
-	h := httpapi.New(httpapi.Config{Backend: s, Logger: cfg.Logger,
+	h := httpapi.New(httpapi.Config{Backend: s, Observer: s.metrics, Logger: cfg.Logger,
 		Metrics: promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry})})
 	s.httpSrv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return s.baseCtx },
