@@ -102,7 +102,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any, allowEmpty bool) erro
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return &apiError{code: api.CodePayloadTooLarge, msg: fmt.Sprintf("request body is over %d bytes", api.MaxBodyBytes)}
+			return &apiError{code: api.CodePayloadTooLarge, msg: fmt.Sprintf("request body is over %d KiB", api.MaxBodyBytes>>10)}
 		}
 		return invalid("reading body: %v", err)
 	}

@@ -1,0 +1,107 @@
+package httpapi
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/notify"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeBackend is a one-member "cluster" with no Raft: commands apply to a
+// real lock table at once, events go to a real hub.
+type fakeBackend struct {
+	mu       sync.Mutex
+	table    *locktable.Table
+	hub      *notify.Hub
+	now      int64
+	proposed atomic.Int64
+	ready    bool
+	leader   string
+	sessions map[string]int64 // keepalive: session -> ttl
+	nextID   int
+}
+
+func newFake() *fakeBackend {
+	return &fakeBackend{table: locktable.New(), hub: notify.NewHub(), now: 1_700_000_000_000,
+		ready: true, sessions: map[string]int64{}}
+}
+
+func (f *fakeBackend) Ready() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.ready }
+func (f *fakeBackend) LeaderURL() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.leader
+}
+
+func (f *fakeBackend) Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error) {
+	f.proposed.Add(1)
+	f.mu.Lock()
+	f.now++
+	cmd.Now = f.now
+	res := f.table.Apply(cmd)
+	for _, ev := range res.Events {
+		switch ev.Kind {
+		case locktable.EvSessionCreated:
+			f.sessions[ev.SessionID] = ev.TTLms
+		case locktable.EvSessionEnded:
+			delete(f.sessions, ev.SessionID)
+		}
+	}
+	f.mu.Unlock()
+	f.hub.Publish(res.Events)
+	return res, nil
+}
+
+func (f *fakeBackend) ReadIndex(ctx context.Context) error { return nil }
+func (f *fakeBackend) View(fn func(t *locktable.Table)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f.table)
+}
+func (f *fakeBackend) Keepalive(id string) (int64, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ttl, ok := f.sessions[id]
+	return ttl, ok, nil
+}
+func (f *fakeBackend) Subscribe(clientID string) *notify.Sub { return f.hub.Subscribe(clientID) }
+func (f *fakeBackend) NewSessionID() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nextID++
+	return fmt.Sprintf("s%d", f.nextID)
+}
+func (f *fakeBackend) Sign(lock string, token uint64, expiresAt int64) string { return "" }
+func (f *fakeBackend) Cluster(ctx context.Context) (api.ClusterStatus, error) {
+	return api.ClusterStatus{LeaderID: "n1", Members: []api.Member{{ID: "n1", Voter: true}}}, nil
+}
+func (f *fakeBackend) AddMember(ctx context.Context, req api.AddMemberRequest) error { return nil }
+func (f *fakeBackend) RemoveMember(ctx context.Context, id string) error             { return nil }
+func (f *fakeBackend) TransferLeadership(ctx context.Context, to string) error       { return nil }
+func (f *fakeBackend) Status() api.NodeStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := api.NodeStatus{ID: "n1", LeaderID: "n1"}
+	if !f.ready {
+		st.LeaderID = "n2"
+	}
+	return st
+}
+func (f *fakeBackend) Readyz() (bool, string) { return f.Ready(), "" }
+
+// snapshot is the table's canonical encoding: "nothing changed" means these
+// bytes did not change.
+func (f *fakeBackend) snapshot() []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.table.Snapshot()
+}
