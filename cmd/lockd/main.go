@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lockd/lockd/fence"
+	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/server"
 )
 
@@ -50,6 +51,15 @@ func run(args []string, stderr io.Writer) int {
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.RaftLogLevel, "raft-log-level", "warn", "level of hashicorp/raft's own log lines")
+	apiTLS, peerTLS := &server.TLSFiles{}, &server.TLSFiles{}
+	fs.StringVar(&apiTLS.Cert, "tls-cert", "", "certificate (PEM) for the client API: serve HTTPS")
+	fs.StringVar(&apiTLS.Key, "tls-key", "", "private key (PEM) of --tls-cert")
+	fs.StringVar(&apiTLS.CA, "client-ca", "", "CA bundle (PEM): client API callers must present a certificate it signed (mTLS)")
+	fs.StringVar(&peerTLS.Cert, "peer-cert", "", "certificate (PEM) for mutual TLS between members (Raft and member-to-member calls)")
+	fs.StringVar(&peerTLS.Key, "peer-key", "", "private key (PEM) of --peer-cert")
+	fs.StringVar(&peerTLS.CA, "peer-ca", "", "CA bundle (PEM) that signed every member's --peer-cert")
+	authFile := fs.String("auth-file", "", "bearer tokens with per-lock-prefix permissions (JSON, see docs/OPERATIONS.md); reloaded on SIGHUP")
+	fs.StringVar(&cfg.PeerToken, "peer-token", "", "admin token members send each other when --auth-file is set (prefer LOCKD_PEER_TOKEN)")
 	signingKey := fs.String("signing-key", "", "Ed25519 private key (PEM, PKCS#8) shared by all members: every grant then carries a fencing_proof that resource servers verify (see lockctl keygen)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
@@ -76,6 +86,20 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	cfg.Logger = logger
+	if apiTLS.Cert != "" || apiTLS.Key != "" || apiTLS.CA != "" {
+		cfg.TLS = apiTLS
+	}
+	if peerTLS.Cert != "" || peerTLS.Key != "" || peerTLS.CA != "" {
+		cfg.PeerTLS = peerTLS
+	}
+	if *authFile != "" {
+		store, err := auth.Load(*authFile)
+		if err != nil {
+			fmt.Fprintln(stderr, "lockd: --auth-file:", err)
+			return 2
+		}
+		cfg.Auth = store
+	}
 	if *dialOverride != "" {
 		m, err := server.ParseDialOverrides(*dialOverride)
 		if err != nil {
@@ -105,14 +129,22 @@ func run(args []string, stderr io.Writer) int {
 	}
 
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	srv, err := server.New(cfg)
 	if err != nil {
 		logger.Error("cannot start", "err", err)
 		return 1
 	}
-	sig := <-sigs
-	logger.Info("stopping", "signal", sig.String())
+	for sig := range sigs {
+		if sig == syscall.SIGHUP {
+			if err := srv.Reload(); err != nil {
+				logger.Error("reload failed; keeping the previous certificates and tokens", "err", err)
+			}
+			continue
+		}
+		logger.Info("stopping", "signal", sig.String())
+		break
+	}
 	if err := srv.Close(); err != nil {
 		logger.Error("shutdown", "err", err)
 		return 1

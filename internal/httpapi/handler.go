@@ -12,12 +12,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/locktable"
 	"github.com/lockd/lockd/internal/notify"
 )
@@ -84,18 +87,21 @@ func (nopObserver) WebSocketConns(int)                {}
 type Config struct {
 	Backend  Backend
 	Observer Observer
-	Logger   *slog.Logger
-	Metrics  http.Handler // served at /metrics; nil serves 404
+	// Auth checks bearer tokens; nil turns authentication off.
+	Auth    *auth.Store
+	Logger  *slog.Logger
+	Metrics http.Handler // served at /metrics; nil serves 404
 	// Extra routes (dashboard and the like) mounted on the same mux.
 	Extra map[string]http.Handler
 }
 
 // Handler is the HTTP API of one member.
 type Handler struct {
-	b   Backend
-	obs Observer
-	log *slog.Logger
-	mux *http.ServeMux
+	b    Backend
+	obs  Observer
+	auth *auth.Store
+	log  *slog.Logger
+	mux  *http.ServeMux
 }
 
 // New builds the handler.
@@ -106,7 +112,7 @@ func New(cfg Config) *Handler {
 	if cfg.Observer == nil {
 		cfg.Observer = nopObserver{}
 	}
-	h := &Handler{b: cfg.Backend, obs: cfg.Observer, log: cfg.Logger, mux: http.NewServeMux()}
+	h := &Handler{b: cfg.Backend, obs: cfg.Observer, auth: cfg.Auth, log: cfg.Logger, mux: http.NewServeMux()}
 	m := h.mux
 	m.HandleFunc("POST /api/v1/locks/{name}/acquire", h.acquire)
 	m.HandleFunc("POST /api/v1/locks/{name}/release", h.release)
@@ -193,6 +199,39 @@ func (h *Handler) routeToLeader(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
+// allow authorizes the request for access on name (a lock name or prefix;
+// "" for cluster-wide operations). With anyPrefix, access on any prefix is
+// enough (sessions, WebSocket: each lock they touch is checked later). It
+// answers 401/403 itself and returns false when refused.
+func (h *Handler) allow(w http.ResponseWriter, r *http.Request, access auth.Access, name string, anyPrefix bool) (auth.Identity, bool) {
+	if h.auth == nil {
+		return auth.Identity{}, true
+	}
+	bearer, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	id, err := h.auth.Authenticate(strings.TrimSpace(bearer))
+	if err != nil {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="lockd"`)
+		writeError(w, &apiError{code: api.CodeUnauthenticated, msg: "a valid bearer token is required (Authorization: Bearer <token>)"})
+		return id, false
+	}
+	ok := id.Allows(access, name)
+	if anyPrefix {
+		ok = id.AllowsAny(access)
+	}
+	if !ok {
+		what := "lock " + strconv.Quote(name)
+		switch {
+		case anyPrefix:
+			what = "any lock"
+		case name == "":
+			what = "cluster operations"
+		}
+		writeError(w, &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf("token %q lacks %s access to %s", id.Name, access, what)})
+		return id, false
+	}
+	return id, true
+}
+
 // lockName reads and validates the {name} path value.
 func lockName(r *http.Request) (string, error) {
 	name := r.PathValue("name")
@@ -226,6 +265,9 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 	name, err := lockName(r)
 	if err != nil {
 		writeError(w, err)
+		return
+	}
+	if _, ok := h.allow(w, r, auth.Lock, name, false); !ok {
 		return
 	}
 	var req api.AcquireRequest
@@ -370,6 +412,9 @@ func (h *Handler) release(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if _, ok := h.allow(w, r, auth.Lock, name, false); !ok {
+		return
+	}
 	var req api.ReleaseRequest
 	if err := decode(w, r, &req, false); err != nil {
 		writeError(w, err)
@@ -403,6 +448,9 @@ func (h *Handler) renew(w http.ResponseWriter, r *http.Request) {
 	name, err := lockName(r)
 	if err != nil {
 		writeError(w, err)
+		return
+	}
+	if _, ok := h.allow(w, r, auth.Lock, name, false); !ok {
 		return
 	}
 	var req api.RenewRequest
@@ -469,6 +517,9 @@ func (h *Handler) getLock(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if _, ok := h.allow(w, r, auth.Read, name, false); !ok {
+		return
+	}
 	if !h.readable(w, r) {
 		return
 	}
@@ -485,6 +536,9 @@ func (h *Handler) listLocks(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if _, ok := h.allow(w, r, auth.Read, prefix, false); !ok {
+		return
+	}
 	if !h.readable(w, r) {
 		return
 	}
@@ -498,6 +552,9 @@ func (h *Handler) listLocks(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
+	if _, ok := h.allow(w, r, auth.Lock, "", true); !ok {
+		return
+	}
 	var req api.SessionRequest
 	if err := decode(w, r, &req, false); err != nil {
 		writeError(w, err)
@@ -539,6 +596,9 @@ func (h *Handler) newSession(ctx context.Context, client string, ttl int64) (str
 }
 
 func (h *Handler) keepalive(w http.ResponseWriter, r *http.Request) {
+	if _, ok := h.allow(w, r, auth.Lock, "", true); !ok {
+		return
+	}
 	id := r.PathValue("id")
 	if err := validSessionID(id); err != nil {
 		writeError(w, err)
@@ -560,6 +620,9 @@ func (h *Handler) keepalive(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) deleteSession(w http.ResponseWriter, r *http.Request) {
+	if _, ok := h.allow(w, r, auth.Lock, "", true); !ok {
+		return
+	}
 	id := r.PathValue("id")
 	if err := validSessionID(id); err != nil {
 		writeError(w, err)
@@ -581,6 +644,9 @@ func (h *Handler) deleteSession(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) cluster(w http.ResponseWriter, r *http.Request) {
+	if _, ok := h.allow(w, r, auth.Read, "", true); !ok {
+		return
+	}
 	cs, err := h.b.Cluster(r.Context())
 	if err != nil {
 		writeError(w, err)
@@ -590,6 +656,9 @@ func (h *Handler) cluster(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) addMember(w http.ResponseWriter, r *http.Request) {
+	if _, ok := h.allow(w, r, auth.Admin, "", false); !ok {
+		return
+	}
 	var req api.AddMemberRequest
 	if err := decode(w, r, &req, false); err != nil {
 		writeError(w, err)
@@ -614,6 +683,9 @@ func (h *Handler) addMember(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) removeMember(w http.ResponseWriter, r *http.Request) {
+	if _, ok := h.allow(w, r, auth.Admin, "", false); !ok {
+		return
+	}
 	id := r.PathValue("id")
 	if err := validClientID("id", id); err != nil {
 		writeError(w, err)
@@ -630,6 +702,9 @@ func (h *Handler) removeMember(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
+	if _, ok := h.allow(w, r, auth.Admin, "", false); !ok {
+		return
+	}
 	var req api.TransferRequest
 	if err := decode(w, r, &req, true); err != nil {
 		writeError(w, err)

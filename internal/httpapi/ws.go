@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/locktable"
 	"github.com/lockd/lockd/internal/notify"
 )
@@ -34,16 +36,30 @@ type wsConn struct {
 	sub      *notify.Sub
 	pending  map[string]uint64 // lock -> request id of the queued acquire
 	subReady chan struct{}
+	id       auth.Identity // the connection's token, when auth is on
+}
+
+// allowLock checks the connection's token for lock access to one lock.
+func (wc *wsConn) allowLock(name string) error {
+	if wc.h.auth == nil || wc.id.Allows(auth.Lock, name) {
+		return nil
+	}
+	return &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf("token %q lacks lock access to %q", wc.id.Name, name)}
 }
 
 func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
+	id, ok := h.allow(w, r, auth.Lock, "", true)
+	if !ok {
+		return
+	}
 	c, err := websocket.Accept(w, r, nil)
 	if err != nil {
 		return // Accept wrote the HTTP error
 	}
 	c.SetReadLimit(api.MaxBodyBytes)
 	ctx, cancel := context.WithCancel(r.Context())
-	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string]uint64{}, subReady: make(chan struct{})}
+	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string]uint64{}, subReady: make(chan struct{}),
+		id: id}
 	defer cancel()
 	if !h.b.Ready() {
 		leader := h.b.LeaderURL()
@@ -213,6 +229,9 @@ func (wc *wsConn) acquire(req api.WSRequest) error {
 	if why := ValidLockName(req.Lock); why != "" {
 		return invalid("%s", why)
 	}
+	if err := wc.allowLock(req.Lock); err != nil {
+		return err
+	}
 	if err := checkRange("ttl_ms", req.TTLms, api.MinTTLms, api.MaxTTLms); err != nil {
 		return err
 	}
@@ -252,6 +271,9 @@ func (wc *wsConn) release(req api.WSRequest) error {
 	if why := ValidLockName(req.Lock); why != "" {
 		return invalid("%s", why)
 	}
+	if err := wc.allowLock(req.Lock); err != nil {
+		return err
+	}
 	res, err := wc.h.b.Propose(wc.ctx, locktable.Command{Op: locktable.OpRelease, Lock: req.Lock,
 		ClientID: wc.client, Token: req.FencingToken})
 	if err != nil {
@@ -267,6 +289,9 @@ func (wc *wsConn) release(req api.WSRequest) error {
 func (wc *wsConn) renew(req api.WSRequest) error {
 	if why := ValidLockName(req.Lock); why != "" {
 		return invalid("%s", why)
+	}
+	if err := wc.allowLock(req.Lock); err != nil {
+		return err
 	}
 	if err := checkRange("ttl_ms", req.TTLms, api.MinTTLms, api.MaxTTLms); err != nil {
 		return err

@@ -33,6 +33,7 @@ var (
 	ErrNotLeader      = errors.New("raftnode: not the leader")
 	ErrUnknownOutcome = errors.New("raftnode: outcome unknown (leadership lost before commit)")
 	ErrShutdown       = errors.New("raftnode: shut down")
+	ErrNotCaughtUp    = errors.New("raftnode: new member did not catch up")
 )
 
 // Peer is a member of a static bootstrap.
@@ -470,7 +471,8 @@ func (n *Node) Servers() ([]Server, error) {
 
 // AddMember adds a member as a non-voter, waits for caughtUp (which should
 // return once the new member has the log), then promotes it to voter. So a
-// lagging newcomer never counts toward the quorum it cannot yet serve.
+// lagging newcomer never counts toward the quorum it cannot yet serve; one
+// that never catches up is removed again and the call fails.
 func (n *Node) AddMember(ctx context.Context, id, addr string, caughtUp func(context.Context) error) error {
 	if n.raft.State() != raft.Leader {
 		return ErrNotLeader
@@ -492,7 +494,14 @@ func (n *Node) AddMember(ctx context.Context, id, addr string, caughtUp func(con
 	}
 	if caughtUp != nil {
 		if err := caughtUp(ctx); err != nil {
-			n.log.Warn("new member did not confirm catch-up; promoting anyway", "id", id, "err", err)
+			// A member that cannot catch up (unreachable, wrong certificate,
+			// not started) must not become a voter: it would count toward a
+			// quorum it cannot serve. Take it out again.
+			n.log.Warn("new member did not catch up; removing it", "id", id, "err", err)
+			if rerr := n.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second).Error(); rerr != nil {
+				n.log.Warn("removing the member that did not catch up failed", "id", id, "err", rerr)
+			}
+			return fmt.Errorf("%w: member %s did not catch up with the log: %v", ErrNotCaughtUp, id, err)
 		}
 	}
 	if err := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error(); err != nil {

@@ -165,6 +165,9 @@ func (s *Server) AddMember(ctx context.Context, req api.AddMemberRequest) error 
 			if errors.Is(err, raftnode.ErrNotLeader) || errors.Is(err, raftnode.ErrUnknownOutcome) {
 				return mapErr(err)
 			}
+			if errors.Is(err, raftnode.ErrNotCaughtUp) {
+				return httpapi.Errorf(api.CodeInternal, "%s", err.Error())
+			}
 			return httpapi.Errorf(api.CodeInvalidArgument, "%s", err.Error())
 		}
 		s.log.Info("member added", "id", req.ID, "raft", req.RaftAddr, "http", httpURL)
@@ -175,12 +178,12 @@ func (s *Server) AddMember(ctx context.Context, req api.AddMemberRequest) error 
 }
 
 // waitCaughtUp polls the new member's status until it has applied the
-// leader's commit index as of the add, or gives up after 15 s.
+// leader's commit index as of the add, or gives up after CatchUpTimeout.
 func (s *Server) waitCaughtUp(ctx context.Context, base string, target uint64) error {
 	if base == "" {
 		return errors.New("no http address to check catch-up")
 	}
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CatchUpTimeout)
 	defer cancel()
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/status", nil)

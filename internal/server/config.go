@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/raftnode"
 )
 
@@ -49,6 +50,24 @@ type Config struct {
 	// Signer makes the fencing proof sent with every grant; nil sends none.
 	Signer func(lock string, token uint64, expiresAtMs int64) string
 	Now    func() time.Time
+
+	// TLS serves the client API over HTTPS; with TLS.CA, clients must
+	// present a certificate signed by it (mTLS).
+	TLS *TLSFiles
+	// PeerTLS secures the Raft transport with mutual TLS (CA required): a
+	// process without a certificate signed by PeerTLS.CA can neither join
+	// nor send Raft traffic. Members also use it for the HTTP calls they make
+	// to each other (joining, publishing addresses).
+	PeerTLS *TLSFiles
+	// Auth turns on bearer-token authentication of the client API.
+	Auth *auth.Store
+	// PeerToken is the (admin) token members send on their calls to each
+	// other when Auth is on.
+	PeerToken string
+
+	// CatchUpTimeout bounds how long a joining member may take to apply the
+	// leader's log before it is removed again instead of promoted.
+	CatchUpTimeout time.Duration
 
 	// RaftDialOverrides maps a peer's Raft address (as in the configuration)
 	// to the address this member actually dials: address translation, and
@@ -100,6 +119,9 @@ func (c *Config) setDefaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.CatchUpTimeout == 0 {
+		c.CatchUpTimeout = 15 * time.Second
+	}
 }
 
 // Validate checks the configuration after defaults are applied.
@@ -139,6 +161,16 @@ func (c *Config) Validate() error {
 		if d < 5*time.Millisecond {
 			errs = append(errs, fmt.Errorf("%s %s is too short (minimum 5ms)", name, d))
 		}
+	}
+	if c.TLS != nil && (c.TLS.Cert == "") != (c.TLS.Key == "") {
+		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
+	}
+	if c.TLS != nil && c.TLS.CA != "" && c.TLS.Cert == "" {
+		errs = append(errs, errors.New("--client-ca needs --tls-cert and --tls-key"))
+	}
+	if c.PeerTLS != nil && (c.PeerTLS.Cert != "" || c.PeerTLS.Key != "" || c.PeerTLS.CA != "") &&
+		(c.PeerTLS.Cert == "" || c.PeerTLS.Key == "" || c.PeerTLS.CA == "") {
+		errs = append(errs, errors.New("Raft mutual TLS needs all of --peer-cert, --peer-key and --peer-ca"))
 	}
 	if c.LogStore != "" && c.LogStore != "bolt" && c.LogStore != "memory" {
 		errs = append(errs, fmt.Errorf("log store %q: want bolt or memory", c.LogStore))

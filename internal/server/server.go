@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/dashboard"
 	"github.com/lockd/lockd/internal/httpapi"
 	"github.com/lockd/lockd/internal/leader"
 	"github.com/lockd/lockd/internal/locktable"
@@ -53,8 +55,7 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, hub: notify.NewHub(), done: make(chan struct{}),
-		client: &http.Client{Timeout: 10 * time.Second}}
+	s := &Server{cfg: cfg, log: cfg.Logger, hub: notify.NewHub(), done: make(chan struct{})}
 	s.baseCtx, s.baseCancel = context.WithCancel(context.Background())
 
 	ln := cfg.HTTPListener
@@ -65,11 +66,40 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("listen on --http-addr %s: %w", cfg.HTTPAddr, err)
 		}
 	}
+	scheme := "http://"
+	if cfg.TLS.Enabled() {
+		if err := cfg.TLS.Reload(); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("client API TLS: %w", err)
+		}
+		ln = tls.NewListener(ln, cfg.TLS.serverConfig())
+		scheme = "https://"
+	}
 	s.httpLn = ln
 	s.url = normalizeURL(cfg.HTTPAdvertise)
 	if s.url == "" {
-		s.url = "http://" + ln.Addr().String()
+		s.url = scheme + ln.Addr().String()
 	}
+
+	raftLn, raftDial := cfg.RaftListener, dialer(cfg.RaftDial, cfg.RaftDialOverrides)
+	transport := &http.Transport{MaxIdleConnsPerHost: 4}
+	if cfg.PeerTLS.Enabled() {
+		if err := cfg.PeerTLS.Reload(); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("Raft TLS: %w", err)
+		}
+		if raftLn == nil {
+			var err error
+			if raftLn, err = net.Listen("tcp", cfg.RaftAddr); err != nil {
+				ln.Close()
+				return nil, fmt.Errorf("listen on --raft-addr %s: %w", cfg.RaftAddr, err)
+			}
+		}
+		raftLn = tls.NewListener(raftLn, cfg.PeerTLS.serverConfig())
+		raftDial = tlsDialer(raftDial, cfg.PeerTLS)
+		transport.DialTLSContext = cfg.PeerTLS.dialTLS
+	}
+	s.client = &http.Client{Timeout: 10 * time.Second, Transport: &tokenTransport{base: transport, token: cfg.PeerToken}}
 
 	var peers []raftnode.Peer
 	if cfg.InitialCluster != "" {
@@ -86,7 +116,7 @@ func New(cfg Config) (*Server, error) {
 		HeartbeatTimeout: cfg.HeartbeatTimeout, ElectionTimeout: cfg.ElectionTimeout,
 		LeaderLeaseTimeout: cfg.LeaderLeaseTimeout, SnapshotThreshold: cfg.SnapshotThreshold,
 		SnapshotInterval: cfg.SnapshotInterval, TrailingLogs: cfg.TrailingLogs, LogStore: cfg.LogStore,
-		Listener: cfg.RaftListener, Dial: dialer(cfg.RaftDial, cfg.RaftDialOverrides), Logger: cfg.Logger, RaftLogLevel: cfg.RaftLogLevel,
+		Listener: raftLn, Dial: raftDial, Logger: cfg.Logger, RaftLogLevel: cfg.RaftLogLevel,
 	})
 	if err != nil {
 		ln.Close()
@@ -97,8 +127,9 @@ func New(cfg Config) (*Server, error) {
 		Now: cfg.Now, Logger: cfg.Logger})
 	s.metrics = newMetrics(cfg.Registry, s, batchSizes)
 
-	h := httpapi.New(httpapi.Config{Backend: s, Observer: s.metrics, Logger: cfg.Logger,
-		Metrics: promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry})})
+	h := httpapi.New(httpapi.Config{Backend: s, Observer: s.metrics, Auth: cfg.Auth, Logger: cfg.Logger,
+		Metrics: promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}),
+		Extra:   map[string]http.Handler{"GET /ui/": dashboard.New(s, cfg.Logger), "GET /ui": http.RedirectHandler("/ui/", http.StatusMovedPermanently)}})
 	s.httpSrv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return s.baseCtx },
 		ErrorLog:    slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
@@ -362,6 +393,40 @@ func (s *Server) joinLoop() {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// Reload re-reads the certificates and the token file (SIGHUP). A file
+// that fails to load leaves the previous one in force.
+func (s *Server) Reload() error {
+	var errs []error
+	if s.cfg.TLS.Enabled() {
+		errs = append(errs, s.cfg.TLS.Reload())
+	}
+	if s.cfg.PeerTLS.Enabled() {
+		errs = append(errs, s.cfg.PeerTLS.Reload())
+	}
+	if s.cfg.Auth != nil {
+		errs = append(errs, s.cfg.Auth.Reload())
+	}
+	err := errors.Join(errs...)
+	if err == nil {
+		s.log.Info("reloaded certificates and tokens")
+	}
+	return err
+}
+
+// tokenTransport adds the member token to member-to-member calls.
+type tokenTransport struct {
+	base  http.RoundTripper
+	token string
+}
+
+func (t *tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if t.token != "" {
+		r = r.Clone(r.Context())
+		r.Header.Set("Authorization", "Bearer "+t.token)
+	}
+	return t.base.RoundTrip(r)
 }
 
 // dialer applies address overrides in front of the Raft dialer.

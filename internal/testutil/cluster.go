@@ -23,7 +23,12 @@ type Member struct {
 }
 
 // URL is the member's client API URL.
-func (m *Member) URL() string { return "http://" + m.HTTPAddr }
+func (m *Member) URL() string {
+	if m.Srv != nil {
+		return m.Srv.URL()
+	}
+	return "http://" + m.HTTPAddr
+}
 
 // Cluster is an in-process cluster of real servers over loopback TCP with a
 // Network in every Raft link.
@@ -81,7 +86,7 @@ func freeAddr(t testing.TB) string {
 	return addr
 }
 
-func (c *Cluster) start(m *Member, initial, join string) {
+func (c *Cluster) start(m *Member, initial, join string, modify ...func(*server.Config)) {
 	c.t.Helper()
 	cfg := server.Config{
 		ID: m.ID, DataDir: m.Dir, HTTPAddr: m.HTTPAddr, RaftAddr: m.RaftAddr,
@@ -93,6 +98,9 @@ func (c *Cluster) start(m *Member, initial, join string) {
 	}
 	if c.opts.Modify != nil {
 		c.opts.Modify(&cfg)
+	}
+	for _, f := range modify {
+		f(&cfg)
 	}
 	var srv *server.Server
 	var err error
@@ -137,8 +145,9 @@ func (c *Cluster) Restart(id string) {
 	c.start(c.Members[id], "", "")
 }
 
-// AddMember starts a new member that joins through the given member's URL.
-func (c *Cluster) AddMember(id, via string) *Member {
+// AddMember starts a new member that joins through the given member's URL;
+// modify changes its configuration after the cluster-wide Options.Modify.
+func (c *Cluster) AddMember(id, via string, modify ...func(*server.Config)) *Member {
 	c.t.Helper()
 	m := &Member{ID: id, Dir: filepath.Join(c.t.TempDir(), id), RaftAddr: freeAddr(c.t), HTTPAddr: freeAddr(c.t)}
 	c.mu.Lock()
@@ -146,7 +155,7 @@ func (c *Cluster) AddMember(id, via string) *Member {
 	c.order = append(c.order, id)
 	c.mu.Unlock()
 	c.Net.Register(id, m.RaftAddr)
-	c.start(m, "", via)
+	c.start(m, "", via, modify...)
 	return m
 }
 

@@ -1,0 +1,221 @@
+// Package auth checks bearer tokens against per-lock-prefix permissions
+// loaded from a file. The file is re-read on demand (lockd does it on
+// SIGHUP); a bad file is refused and the previous rules stay in force.
+//
+// File format (JSON):
+//
+//	{"tokens": [
+//	  {"name": "billing", "token": "s3cr3t", "permissions": [{"prefix": "billing/", "access": "lock"}]},
+//	  {"name": "ops", "token": "sha256:9f86d0...", "permissions": [{"prefix": "", "access": "admin"}]}
+//	]}
+//
+// Access levels nest: read < lock < admin. read: lock status and lists.
+// lock: acquire, release, renew, sessions, WebSocket. admin: cluster
+// membership, leadership transfer and snapshots (an admin permission must
+// have the empty prefix to reach these, since they are not about one lock).
+// A token written "sha256:<hex>" is stored hashed.
+package auth
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+)
+
+// Access is a permission level.
+type Access int
+
+// Levels, each including the ones below.
+const (
+	Read Access = iota + 1
+	Lock
+	Admin
+)
+
+func (a Access) String() string {
+	switch a {
+	case Read:
+		return "read"
+	case Lock:
+		return "lock"
+	case Admin:
+		return "admin"
+	}
+	return "none"
+}
+
+func parseAccess(s string) (Access, error) {
+	switch s {
+	case "read":
+		return Read, nil
+	case "lock":
+		return Lock, nil
+	case "admin":
+		return Admin, nil
+	}
+	return 0, fmt.Errorf("access %q: want read, lock or admin", s)
+}
+
+// Errors of Check, matched with errors.Is.
+var (
+	ErrUnauthenticated  = errors.New("auth: missing or unknown token")
+	ErrPermissionDenied = errors.New("auth: permission denied")
+)
+
+type permission struct {
+	prefix string
+	access Access
+}
+
+type token struct {
+	name  string
+	hash  [32]byte
+	perms []permission
+}
+
+// Store holds the rules; safe for concurrent use.
+type Store struct {
+	path   string
+	mu     sync.RWMutex
+	tokens []token
+}
+
+type fileFormat struct {
+	Tokens []struct {
+		Name        string `json:"name"`
+		Token       string `json:"token"`
+		Permissions []struct {
+			Prefix string `json:"prefix"`
+			Access string `json:"access"`
+		} `json:"permissions"`
+	} `json:"tokens"`
+}
+
+// Load reads the rules from path.
+func Load(path string) (*Store, error) {
+	s := &Store{path: path}
+	if err := s.Reload(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Reload re-reads the file. On error the previous rules stay.
+func (s *Store) Reload() error {
+	b, err := os.ReadFile(s.path)
+	if err != nil {
+		return fmt.Errorf("auth: %w", err)
+	}
+	var f fileFormat
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return fmt.Errorf("auth: %s: %w", s.path, err)
+	}
+	var toks []token
+	seen := map[[32]byte]bool{}
+	for i, t := range f.Tokens {
+		if t.Name == "" {
+			return fmt.Errorf("auth: token %d has no name", i)
+		}
+		var h [32]byte
+		if hexed, ok := strings.CutPrefix(t.Token, "sha256:"); ok {
+			raw, err := hex.DecodeString(hexed)
+			if err != nil || len(raw) != 32 {
+				return fmt.Errorf("auth: token %q: sha256: needs 64 hex digits", t.Name)
+			}
+			copy(h[:], raw)
+		} else {
+			if len(t.Token) < 16 {
+				return fmt.Errorf("auth: token %q is shorter than 16 characters", t.Name)
+			}
+			h = sha256.Sum256([]byte(t.Token))
+		}
+		if seen[h] {
+			return fmt.Errorf("auth: token %q is a duplicate", t.Name)
+		}
+		seen[h] = true
+		tok := token{name: t.Name, hash: h}
+		for _, p := range t.Permissions {
+			a, err := parseAccess(p.Access)
+			if err != nil {
+				return fmt.Errorf("auth: token %q: %w", t.Name, err)
+			}
+			tok.perms = append(tok.perms, permission{prefix: p.Prefix, access: a})
+		}
+		toks = append(toks, tok)
+	}
+	s.mu.Lock()
+	s.tokens = toks
+	s.mu.Unlock()
+	return nil
+}
+
+// Identity is an authenticated token.
+type Identity struct {
+	Name  string
+	perms []permission
+}
+
+// Authenticate finds the token. Tokens are compared as SHA-256 digests in
+// constant time.
+func (s *Store) Authenticate(bearer string) (Identity, error) {
+	if bearer == "" {
+		return Identity{}, ErrUnauthenticated
+	}
+	h := sha256.Sum256([]byte(bearer))
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var found *token
+	for i := range s.tokens {
+		if subtle.ConstantTimeCompare(h[:], s.tokens[i].hash[:]) == 1 {
+			found = &s.tokens[i]
+		}
+	}
+	if found == nil {
+		return Identity{}, ErrUnauthenticated
+	}
+	return Identity{Name: found.name, perms: found.perms}, nil
+}
+
+// Allows reports whether the identity has at least access on lock name (a
+// lock name, a list prefix, or "" for cluster-wide operations).
+func (id Identity) Allows(access Access, name string) bool {
+	for _, p := range id.perms {
+		if p.access >= access && strings.HasPrefix(name, p.prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// AllowsAny reports whether the identity has at least access on some
+// prefix (sessions and WebSocket connections are not about one lock; each
+// lock they touch is checked on its own).
+func (id Identity) AllowsAny(access Access) bool {
+	for _, p := range id.perms {
+		if p.access >= access {
+			return true
+		}
+	}
+	return false
+}
+
+// Check authenticates and authorizes in one step.
+func (s *Store) Check(bearer string, access Access, name string) (Identity, error) {
+	id, err := s.Authenticate(bearer)
+	if err != nil {
+		return id, err
+	}
+	if !id.Allows(access, name) {
+		return id, fmt.Errorf("%w: token %q lacks %s access to %q", ErrPermissionDenied, id.Name, access, name)
+	}
+	return id, nil
+}

@@ -1,0 +1,87 @@
+package auth
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func write(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "tokens.json")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestPermissions(t *testing.T) {
+	sum := sha256.Sum256([]byte("hashed-token-000001"))
+	p := write(t, `{"tokens": [
+	  {"name": "a", "token": "token-for-prefix-a", "permissions": [{"prefix": "a/", "access": "lock"}]},
+	  {"name": "r", "token": "token-read-only-01", "permissions": [{"prefix": "", "access": "read"}]},
+	  {"name": "ops", "token": "sha256:`+hex.EncodeToString(sum[:])+`", "permissions": [{"prefix": "", "access": "admin"}]}
+	]}`)
+	s, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		token  string
+		access Access
+		name   string
+		want   error
+	}{
+		{"", Read, "x", ErrUnauthenticated},
+		{"nope", Read, "x", ErrUnauthenticated},
+		{"token-for-prefix-a", Lock, "a/x", nil},
+		{"token-for-prefix-a", Read, "a/x", nil},
+		{"token-for-prefix-a", Lock, "b/x", ErrPermissionDenied},
+		{"token-for-prefix-a", Lock, "a", ErrPermissionDenied},
+		{"token-for-prefix-a", Admin, "", ErrPermissionDenied},
+		{"token-read-only-01", Read, "anything", nil},
+		{"token-read-only-01", Lock, "anything", ErrPermissionDenied},
+		{"hashed-token-000001", Admin, "", nil},
+		{"hashed-token-000001", Lock, "z", nil},
+		{"sha256:" + hex.EncodeToString(sum[:]), Read, "x", ErrUnauthenticated}, // the hash is not the token
+	}
+	for _, c := range cases {
+		_, err := s.Check(c.token, c.access, c.name)
+		if !errors.Is(err, c.want) || (c.want == nil) != (err == nil) {
+			t.Errorf("Check(%q, %s, %q) = %v, want %v", c.token, c.access, c.name, err, c.want)
+		}
+	}
+}
+
+func TestReloadKeepsRulesOnError(t *testing.T) {
+	p := write(t, `{"tokens": [{"name": "a", "token": "first-token-000001", "permissions": [{"prefix": "", "access": "lock"}]}]}`)
+	s, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{
+		`{"tokens": [`,
+		`{"tokens": [{"name": "a", "token": "short", "permissions": []}]}`,
+		`{"tokens": [{"name": "a", "token": "first-token-000001", "permissions": [{"prefix": "", "access": "root"}]}]}`,
+		`{"tokens": [{"token": "first-token-000001"}]}`,
+		`{"tokens": [], "extra": 1}`,
+	} {
+		os.WriteFile(p, []byte(bad), 0o600)
+		if err := s.Reload(); err == nil {
+			t.Fatalf("accepted %s", bad)
+		}
+		if _, err := s.Check("first-token-000001", Lock, "x"); err != nil {
+			t.Fatalf("rules lost after a failed reload: %v", err)
+		}
+	}
+	os.WriteFile(p, []byte(`{"tokens": [{"name": "b", "token": "second-token-00001", "permissions": [{"prefix": "", "access": "lock"}]}]}`), 0o600)
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Check("first-token-000001", Lock, "x"); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("rotated-out token still works: %v", err)
+	}
+}

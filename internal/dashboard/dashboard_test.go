@@ -1,0 +1,411 @@
+package dashboard
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/locktable"
+)
+
+// fakeSource is a member whose state the test drives.
+type fakeSource struct {
+	mu      sync.RWMutex
+	table   *locktable.Table
+	status  api.NodeStatus
+	cluster api.ClusterStatus
+	err     error
+	views   int
+}
+
+func newFake() *fakeSource {
+	return &fakeSource{
+		table:  locktable.New(),
+		status: api.NodeStatus{ID: "n1", State: "Leader", LeaderID: "n1", Term: 3, CommitIndex: 10, AppliedIndex: 10},
+		cluster: api.ClusterStatus{LeaderID: "n1", LeaderHTTP: "http://127.0.0.1:7070", Term: 3, Members: []api.Member{
+			{ID: "n1", RaftAddr: "127.0.0.1:7071", HTTPAddr: "http://127.0.0.1:7070", Voter: true},
+			{ID: "n2", RaftAddr: "127.0.0.1:7171", HTTPAddr: "http://127.0.0.1:7170", Voter: true},
+			{ID: "n3", RaftAddr: "127.0.0.1:7271", HTTPAddr: "http://127.0.0.1:7270", Voter: true},
+		}},
+	}
+}
+
+func (f *fakeSource) Cluster(context.Context) (api.ClusterStatus, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.cluster, f.err
+}
+
+func (f *fakeSource) Status() api.NodeStatus {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.status
+}
+
+func (f *fakeSource) View(fn func(t *locktable.Table)) {
+	f.mu.Lock()
+	f.views++
+	f.mu.Unlock()
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	fn(f.table)
+}
+
+func (f *fakeSource) apply(t *testing.T, c locktable.Command) locktable.Result {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.table.Apply(c)
+}
+
+const t0 int64 = 1_700_000_000_000
+
+func testConfig() config {
+	c := defaultConfig()
+	c.pollInterval = 20 * time.Millisecond
+	c.heartbeat = 150 * time.Millisecond
+	c.writeTimeout = 2 * time.Second
+	return c
+}
+
+func decode(t *testing.T, b []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("decode %q: %v", b, err)
+	}
+	return m
+}
+
+func TestStaticAssets(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	srv := httptest.NewServer(newHandler(newFake(), nil, testConfig()))
+	defer srv.Close()
+	client := &http.Client{Timeout: 5 * time.Second}
+
+	for path, want := range map[string]string{
+		"/ui/":            "text/html",
+		"/ui/app.js":      "javascript",
+		"/ui/style.css":   "text/css",
+		"/ui/favicon.svg": "image/svg+xml",
+	} {
+		resp, err := client.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Content-Type"), want) {
+			t.Errorf("%s: %d %q, want 200 %s", path, resp.StatusCode, resp.Header.Get("Content-Type"), want)
+		}
+		if len(body) == 0 {
+			t.Errorf("%s: empty body", path)
+		}
+		if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") {
+			t.Errorf("%s: Content-Security-Policy %q", path, csp)
+		}
+		if path == "/ui/" && !strings.Contains(string(body), `src="app.js"`) {
+			t.Errorf("index does not load app.js:\n%s", body)
+		}
+	}
+
+	resp, err := client.Get(srv.URL + "/ui/nope")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 404 || decode(t, body)["error"].(map[string]any)["code"] != api.CodeNotFound {
+		t.Errorf("unknown asset: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestSnapshotContents(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	f := newFake()
+	f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: "b/payments", ClientID: "worker-7", TTLms: 30000})
+	f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: "b/payments", ClientID: "worker-8", TTLms: 30000, WaitMs: 60000})
+	f.apply(t, locktable.Command{Op: locktable.OpCreateSession, Now: t0, SessionID: "s1", ClientID: "cron", TTLms: 15000})
+	f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: "a/nightly", ClientID: "cron", SessionID: "s1"})
+	f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: "c/zzz", ClientID: "w", TTLms: 1000})
+
+	cfg := testConfig()
+	cfg.maxLocks = 2
+	h := newHandler(f, nil, cfg)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/ui/snapshot", nil))
+	if rec.Code != 200 {
+		t.Fatalf("snapshot: %d %s", rec.Code, rec.Body)
+	}
+	var s struct {
+		Now int64 `json:"now"`
+		Snapshot
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Now == 0 || s.Stale || s.Cluster.LeaderID != "n1" || len(s.Cluster.Members) != 3 || s.Member.ID != "n1" {
+		t.Errorf("header fields: %+v", s)
+	}
+	if s.LocksTotal != 3 || s.LocksLimit != 2 || len(s.Locks) != 2 || s.Held != 3 || s.Waiters != 1 || s.Sessions != 1 || s.LastToken != 3 {
+		t.Errorf("counts: total %d limit %d listed %d held %d waiters %d sessions %d last %d",
+			s.LocksTotal, s.LocksLimit, len(s.Locks), s.Held, s.Waiters, s.Sessions, s.LastToken)
+	}
+	want := []Lock{
+		{Name: "a/nightly", Held: true, ClientID: "cron", SessionID: "s1", Token: 2},
+		{Name: "b/payments", Held: true, ClientID: "worker-7", Token: 1, TTLms: 30000, ExpiresAt: t0 + 30000, Waiters: 1},
+	}
+	for i := range want {
+		if i >= len(s.Locks) || s.Locks[i] != want[i] {
+			t.Errorf("locks = %+v\nwant   %+v", s.Locks, want)
+			break
+		}
+	}
+
+	// A follower's snapshot is marked stale; a cluster error is reported,
+	// not fatal.
+	f.mu.Lock()
+	f.status.State, f.status.LeaderID = "Follower", "n2"
+	f.err = errors.New("raft is shutting down")
+	f.mu.Unlock()
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/ui/snapshot", nil))
+	m := decode(t, rec.Body.Bytes())
+	if m["stale"] != true || m["cluster_error"] != "raft is shutting down" || m["cluster"].(map[string]any)["leader_id"] != "n2" {
+		t.Errorf("follower snapshot: %s", rec.Body)
+	}
+}
+
+// sseReader reads Server-Sent Events.
+type sseReader struct {
+	r *bufio.Reader
+}
+
+type sseEvent struct {
+	name, id, data string
+}
+
+func (s *sseReader) next() (sseEvent, error) {
+	var ev sseEvent
+	for {
+		line, err := s.r.ReadString('\n')
+		if err != nil {
+			return ev, err
+		}
+		line = strings.TrimRight(line, "\n")
+		switch {
+		case line == "":
+			if ev.data != "" || ev.name != "" {
+				return ev, nil
+			}
+		case strings.HasPrefix(line, "event: "):
+			ev.name = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "id: "):
+			ev.id = strings.TrimPrefix(line, "id: ")
+		case strings.HasPrefix(line, "data: "):
+			ev.data += strings.TrimPrefix(line, "data: ")
+		}
+	}
+}
+
+// nextWithin reads the next event or fails after d.
+func (s *sseReader) nextWithin(t *testing.T, d time.Duration) sseEvent {
+	t.Helper()
+	type res struct {
+		ev  sseEvent
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		ev, err := s.next()
+		ch <- res{ev, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatalf("reading the stream: %v", r.err)
+		}
+		return r.ev
+	case <-time.After(d):
+		t.Fatalf("no event within %s", d)
+		return sseEvent{}
+	}
+}
+
+func openStream(t *testing.T, ctx context.Context, url, origin string) (*http.Response, *sseReader) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url+"/ui/events", nil)
+	if origin != "" {
+		req.Header.Set("Origin", origin)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, &sseReader{r: bufio.NewReader(resp.Body)}
+}
+
+func TestEventsPushChangesAndHeartbeats(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	f := newFake()
+	h := newHandler(f, nil, testConfig())
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	resp, sse := openStream(t, ctx, srv.URL, "")
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("stream: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	ev := sse.nextWithin(t, 3*time.Second)
+	first := decode(t, []byte(ev.data))
+	if ev.name != "" || ev.id == "" || first["now"] == nil || len(first["locks"].([]any)) != 0 {
+		t.Fatalf("first event: %+v", ev)
+	}
+
+	// A change is pushed within a few polls.
+	f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: "payment-processor", ClientID: "worker-7", TTLms: 30000})
+	ev = sse.nextWithin(t, 3*time.Second)
+	m := decode(t, []byte(ev.data))
+	locks := m["locks"].([]any)
+	if ev.name != "" || len(locks) != 1 || locks[0].(map[string]any)["client_id"] != "worker-7" || locks[0].(map[string]any)["fencing_token"] != 1.0 {
+		t.Fatalf("after acquire: %+v", ev)
+	}
+
+	// Nothing changes: only heartbeats, carrying the member's clock.
+	for i := 0; i < 2; i++ {
+		ev = sse.nextWithin(t, 3*time.Second)
+		if ev.name != "ping" || decode(t, []byte(ev.data))["now"] == nil {
+			t.Fatalf("expected a ping, got %+v", ev)
+		}
+	}
+
+	// A second viewer shares the poller and gets the current state at once.
+	resp2, sse2 := openStream(t, ctx, srv.URL, "")
+	ev = sse2.nextWithin(t, 3*time.Second)
+	if len(decode(t, []byte(ev.data))["locks"].([]any)) != 1 {
+		t.Fatalf("second viewer: %+v", ev)
+	}
+	resp2.Body.Close()
+	resp.Body.Close()
+
+	// With no viewer left, the poller stops and reads no more.
+	waitFor(t, 3*time.Second, func() bool {
+		h.hub.mu.Lock()
+		defer h.hub.mu.Unlock()
+		return !h.hub.running
+	})
+	f.mu.Lock()
+	views := f.views
+	f.mu.Unlock()
+	time.Sleep(100 * time.Millisecond)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.views != views {
+		t.Errorf("the state was read %d more times with no viewer", f.views-views)
+	}
+}
+
+func TestEventsCORSOnlyForMembers(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	srv := httptest.NewServer(newHandler(newFake(), nil, testConfig()))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for origin, allowed := range map[string]bool{
+		"http://127.0.0.1:7170": true, // another member's page
+		"http://evil.example":   false,
+		"http://127.0.0.1:9999": false,
+	} {
+		resp, _ := openStream(t, ctx, srv.URL, origin)
+		got := resp.Header.Get("Access-Control-Allow-Origin")
+		resp.Body.Close()
+		if allowed && got != origin || !allowed && got != "" {
+			t.Errorf("Origin %s: Access-Control-Allow-Origin %q", origin, got)
+		}
+	}
+}
+
+func TestEventsStreamLimit(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	cfg := testConfig()
+	cfg.maxStreams = 1
+	srv := httptest.NewServer(newHandler(newFake(), nil, cfg))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, sse := openStream(t, ctx, srv.URL, "")
+	defer resp.Body.Close()
+	sse.nextWithin(t, 3*time.Second)
+	resp2, _ := openStream(t, ctx, srv.URL, "")
+	resp2.Body.Close()
+	if resp2.StatusCode != http.StatusServiceUnavailable || resp2.Header.Get("Retry-After") == "" {
+		t.Errorf("stream over the limit: %d", resp2.StatusCode)
+	}
+}
+
+func TestEventsEndWithTheRequest(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	h := newHandler(newFake(), nil, testConfig())
+	ctx, cancel := context.WithCancel(context.Background())
+	rec := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/ui/events", nil).WithContext(ctx))
+	}()
+	time.Sleep(100 * time.Millisecond)
+	cancel() // the member shuts down: its base context ends every stream
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the stream did not end with its request context")
+	}
+	if !strings.Contains(rec.Body.String(), "data: {\"now\":") {
+		t.Errorf("no snapshot written: %q", rec.Body.String())
+	}
+}
+
+func TestStamp(t *testing.T) {
+	got := string(stamp([]byte(`{"a":1}`), time.UnixMilli(42)))
+	if got != `{"now":42,"a":1}` {
+		t.Errorf("stamp = %s", got)
+	}
+}
+
+func TestOriginOf(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://127.0.0.1:7070":      "http://127.0.0.1:7070",
+		"https://lockd.internal/x/y": "https://lockd.internal",
+		"javascript:alert(1)":        "",
+		"127.0.0.1:7070":             "",
+		"":                           "",
+	} {
+		if got := originOf(in); got != want {
+			t.Errorf("originOf(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func waitFor(t *testing.T, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s", d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,316 @@
+// lockd dashboard: reads /ui/events (Server-Sent Events) from one member and
+// renders each snapshot. When the stream breaks (the member died or went
+// silent), it reconnects with backoff to the members it has learned, the
+// known leader first, so a page opened on a leader follows the new one.
+// Every value from the server is written with textContent, never as HTML.
+'use strict';
+
+(function () {
+  const $ = (id) => document.getElementById(id);
+
+  const HOME = location.origin;
+  const OPEN_TIMEOUT_MS = 5000; // a stream that sends nothing in this time is abandoned
+  const MAX_BACKOFF_MS = 5000;
+
+  const st = {
+    snap: null,
+    offset: 0,          // serving member's clock minus the browser's clock, ms
+    base: HOME,         // origin of the member whose stream is read
+    es: null,
+    attempt: 0,
+    lastEvent: 0,
+    live: false,
+    openTimer: 0,
+    retryTimer: 0,
+    members: new Map(), // origin -> member id, learned from snapshots
+    unreachable: new Set(), // origins this browser failed to read from
+    ttlCells: [],       // [cell, expiresAt, ttlMs] for the countdown
+  };
+
+  // ---- helpers --------------------------------------------------------
+
+  function originOf(u) {
+    try {
+      const x = new URL(u);
+      return x.protocol === 'http:' || x.protocol === 'https:' ? x.origin : '';
+    } catch (e) {
+      return '';
+    }
+  }
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+
+  function label(origin) {
+    const id = st.members.get(origin);
+    return id ? id + ' (' + origin.replace(/^https?:\/\//, '') + ')' : origin.replace(/^https?:\/\//, '');
+  }
+
+  function fmtLeft(ms) {
+    if (ms <= 0) return 'expiring';
+    const s = ms / 1000;
+    if (s < 60) return s.toFixed(1) + ' s';
+    const m = Math.floor(s / 60);
+    if (m < 60) return m + 'm ' + String(Math.floor(s % 60)).padStart(2, '0') + 's';
+    const h = Math.floor(m / 60);
+    return h + 'h ' + String(m % 60).padStart(2, '0') + 'm';
+  }
+
+  function setConn(state, text) {
+    $('conn').dataset.state = state;
+    $('conn-text').textContent = text;
+  }
+
+  // ---- connection -----------------------------------------------------
+
+  // candidates orders where to try next: the leader the last snapshot
+  // named, then the other members, then the member that just failed.
+  function candidates(failed) {
+    const out = [];
+    const add = (o) => {
+      if (o && !out.includes(o)) out.push(o);
+    };
+    const s = st.snap;
+    if (s && s.cluster) {
+      const lead = originOf(s.cluster.leader_http);
+      if (lead !== failed) add(lead);
+      for (const m of s.cluster.members || []) {
+        const o = originOf(m.http_addr);
+        if (o !== failed && !st.unreachable.has(o)) add(o);
+      }
+      for (const m of s.cluster.members || []) {
+        const o = originOf(m.http_addr);
+        if (o !== failed) add(o);
+      }
+    }
+    if (HOME !== failed) add(HOME);
+    add(failed);
+    return out;
+  }
+
+  function clearTimers() {
+    clearTimeout(st.openTimer);
+    clearTimeout(st.retryTimer);
+  }
+
+  function connect(base) {
+    clearTimers();
+    if (st.es) st.es.close();
+    st.base = base;
+    st.live = false;
+    setConn('connecting', 'Connecting to ' + label(base) + '…');
+    let es;
+    try {
+      es = new EventSource(base + '/ui/events');
+    } catch (e) {
+      fail(base, null);
+      return;
+    }
+    st.es = es;
+    let got = false;
+    st.openTimer = setTimeout(() => {
+      if (!got && es === st.es) fail(base, es);
+    }, OPEN_TIMEOUT_MS);
+
+    es.onmessage = (ev) => {
+      if (es !== st.es) return;
+      let snap;
+      try {
+        snap = JSON.parse(ev.data);
+      } catch (e) {
+        return;
+      }
+      st.lastEvent = Date.now();
+      if (!got) {
+        got = true;
+        clearTimeout(st.openTimer);
+        st.attempt = 0;
+        st.unreachable.delete(base);
+        st.live = true;
+      }
+      onSnapshot(snap);
+    };
+    es.addEventListener('ping', (ev) => {
+      if (es !== st.es) return;
+      st.lastEvent = Date.now();
+      try {
+        st.offset = JSON.parse(ev.data).now - Date.now();
+      } catch (e) { /* keep the old offset */ }
+    });
+    // EventSource retries by itself, but only the same member: take over.
+    es.onerror = () => {
+      if (es === st.es) fail(base, es);
+    };
+  }
+
+  function fail(base, es) {
+    if (es) es.close();
+    if (es && es !== st.es) return;
+    st.es = null;
+    st.live = false;
+    st.unreachable.add(base);
+    const order = candidates(base);
+    const next = order[st.attempt % order.length];
+    const delay = Math.min(MAX_BACKOFF_MS, 200 * Math.pow(1.6, st.attempt)) * (0.8 + 0.4 * Math.random());
+    st.attempt++;
+    setConn('lost', 'Lost ' + label(base) + ' · trying ' + label(next) + '…');
+    if (st.snap) render(st.snap); // mark the member unreachable
+    clearTimers();
+    st.retryTimer = setTimeout(() => connect(next), delay);
+  }
+
+  // A stream that goes silent for longer than a few heartbeats is dead even
+  // if the TCP connection looks open (a partition, a suspended laptop).
+  setInterval(() => {
+    if (!st.es || !st.live || !st.snap) return;
+    const limit = (st.snap.heartbeat_ms || 10000) * 2.5 + 2000;
+    if (Date.now() - st.lastEvent > limit) fail(st.base, st.es);
+  }, 1000);
+
+  // ---- rendering ------------------------------------------------------
+
+  function onSnapshot(s) {
+    st.snap = s;
+    st.offset = s.now - Date.now();
+    for (const m of (s.cluster && s.cluster.members) || []) {
+      const o = originOf(m.http_addr);
+      if (o) st.members.set(o, m.id);
+    }
+    const self = s.member || {};
+    setConn('live', 'Live · ' + (self.id || label(st.base)));
+    render(s);
+  }
+
+  function render(s) {
+    const c = s.cluster || {};
+    const self = s.member || {};
+    const members = c.members || [];
+
+    // summary cards
+    $('leader').textContent = c.leader_id || 'none';
+    $('leader').classList.toggle('warn', !c.leader_id);
+    $('leader-url').textContent = c.leader_id ? (c.leader_http || 'HTTP address not published yet') : 'election in progress';
+    $('term').textContent = c.term !== undefined ? c.term : '—';
+    const voters = members.filter((m) => m.voter).length;
+    $('members-count').textContent = members.length + (members.length === 1 ? ' member' : ' members') +
+      (voters !== members.length ? ', ' + voters + ' voting' : '');
+    $('held').textContent = s.held;
+    $('locks-total').textContent = s.locks_total + (s.locks_total === 1 ? ' lock' : ' locks') + ' in the table';
+    $('waiters').textContent = s.waiters;
+    $('sessions').textContent = s.sessions + (s.sessions === 1 ? ' open session' : ' open sessions');
+    $('last-token').textContent = s.last_token;
+    document.body.dataset.leader = c.leader_id || '';
+
+    // notice
+    const notice = $('notice');
+    const msgs = [];
+    if (s.cluster_error) msgs.push('Cluster configuration unavailable on ' + (self.id || 'this member') + ': ' + s.cluster_error);
+    if (s.stale) {
+      msgs.push('Served by ' + (self.state || 'follower').toLowerCase() + ' ' + (self.id || '') +
+        ' from its local replica: it may lag the leader by a moment.');
+    }
+    notice.hidden = msgs.length === 0;
+    notice.textContent = msgs.join(' ');
+
+    $('self-id').textContent = self.id || '—';
+    $('self-state').textContent = self.state || '—';
+    $('self-state').dataset.role = (self.state || '').toLowerCase();
+
+    // members
+    const mb = $('members-body');
+    mb.replaceChildren();
+    for (const m of members) {
+      const o = originOf(m.http_addr);
+      const tr = el('tr');
+      tr.dataset.member = m.id;
+      const id = el('td', 'id');
+      id.append(el('span', 'mono', m.id));
+      if (m.id === self.id) id.append(el('span', 'tag', 'serving'));
+      if (o && st.unreachable.has(o)) id.append(el('span', 'tag bad', 'unreachable'));
+      let role = m.id === c.leader_id ? 'Leader' : (m.voter ? 'Follower' : 'Non-voter');
+      if (m.id === self.id && self.state && self.state !== 'Leader' && self.state !== 'Follower') role = self.state;
+      const rc = el('td', 'role');
+      const badge = el('span', 'badge', role);
+      badge.dataset.role = role.toLowerCase();
+      rc.append(badge);
+      const url = el('td', 'url');
+      if (o) {
+        const a = el('a', 'mono', m.http_addr);
+        a.href = o + '/ui/';
+        url.append(a);
+      } else {
+        url.append(el('span', 'muted', 'not published yet'));
+      }
+      tr.append(id, rc, el('td', 'voter', m.voter ? 'yes' : 'no'), url, el('td', 'mono muted', m.raft_addr));
+      mb.append(tr);
+    }
+
+    // locks
+    const locks = s.locks || [];
+    const lb = $('locks-body');
+    lb.replaceChildren();
+    st.ttlCells = [];
+    for (const l of locks) {
+      const tr = el('tr');
+      tr.dataset.lock = l.name;
+      const holder = el('td', 'holder');
+      if (l.held) {
+        holder.append(el('span', 'mono', l.client_id));
+        if (l.session_id) {
+          const sid = el('span', 'sub', 'session ' + l.session_id.slice(0, 8));
+          sid.title = l.session_id;
+          holder.append(sid);
+        }
+      } else {
+        holder.append(el('span', 'muted', 'free'));
+      }
+      const ttl = el('td', 'ttl num');
+      if (!l.held) {
+        ttl.append(el('span', 'muted', '—'));
+      } else if (!l.expires_at) {
+        ttl.append(el('span', 'muted', 'session'));
+      } else {
+        const text = el('span', 'left');
+        const bar = el('span', 'bar');
+        const fill = el('i');
+        bar.append(fill);
+        ttl.append(text, bar);
+        st.ttlCells.push([text, fill, l.expires_at, l.ttl_ms || 0]);
+      }
+      const q = el('td', 'queue num');
+      if (l.waiters > 0) q.append(el('span', 'qbadge', l.waiters));
+      else q.append(el('span', 'muted', '0'));
+      tr.append(el('td', 'name mono', l.name), holder, el('td', 'token num mono', l.held ? l.fencing_token : '—'), ttl, q);
+      lb.append(tr);
+    }
+    $('locks-empty').hidden = locks.length > 0;
+    $('locks-meta').textContent = s.locks_total > locks.length
+      ? 'first ' + locks.length + ' of ' + s.locks_total + ' by name'
+      : locks.length + (locks.length === 1 ? ' lock' : ' locks');
+    tick();
+
+    $('indexes').textContent = 'member ' + (self.id || '?') + ' · ' + (self.state || '?') + ' · commit ' +
+      self.commit_index + ' · applied ' + self.applied_index;
+    $('updated').textContent = 'updated ' + new Date().toLocaleTimeString();
+  }
+
+  // tick redraws the countdowns from the member's clock (now + offset).
+  function tick() {
+    const now = Date.now() + st.offset;
+    for (const [text, fill, exp, ttl] of st.ttlCells) {
+      const left = exp - now;
+      text.textContent = fmtLeft(left);
+      text.classList.toggle('soon', left < 5000);
+      const frac = ttl > 0 ? Math.max(0, Math.min(1, left / ttl)) : 0;
+      fill.style.width = (frac * 100).toFixed(1) + '%';
+      fill.classList.toggle('soon', left < 5000);
+    }
+  }
+  setInterval(tick, 200);
+
+  connect(HOME);
+})();
