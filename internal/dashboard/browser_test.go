@@ -299,19 +299,15 @@ func TestDashboardInBrowser(t *testing.T) {
 	newLeader := c.WaitLeaderAmong(rest, 15*time.Second)
 	p = waitPage(t, browser, "the new leader "+newLeader.ID, 20*time.Second, func(p pageState) bool {
 		l, ok := p.lock("payment-processor")
-		return p.Conn == "live" && p.Leader == newLeader.ID && p.Self != old &&
+		return p.Conn == "live" && p.Leader == newLeader.ID && p.Self == newLeader.ID && p.Notice == "" &&
+			strings.Contains(p.Members[0].Tags+p.Members[1].Tags+p.Members[2].Tags, "unreachable") &&
 			p.role(newLeader.ID) == "Leader" && p.role(old) == "Follower" &&
 			ok && strings.HasPrefix(l.Holder, "worker-7") && l.Token == tokenText && l.Queue == "2"
 	})
 	t.Logf("after killing %s the page shows leader %s (served by %s, term %s)", old, p.Leader, p.Self, p.Term)
 
-	// Let the page settle on the leader's term, then take the screenshot.
-	if p.Self != newLeader.ID {
-		waitPage(t, browser, "the notice that a follower serves the page", 5*time.Second, func(p pageState) bool {
-			return strings.Contains(p.Notice, "local replica")
-		})
-	}
-	time.Sleep(700 * time.Millisecond)
+	// Let the bars finish their transition, then take the screenshot.
+	time.Sleep(500 * time.Millisecond)
 	png, err := chromedp.Run(browser, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatalf("screenshot: %v", err)
@@ -324,6 +320,26 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot (%d bytes) saved to %s", len(png), out)
+
+	// A page opened on a follower on purpose stays there and says that it
+	// shows the follower's local replica.
+	var follower *testutil.Member
+	for _, m := range c.Up() {
+		if m.ID != newLeader.ID {
+			follower = m
+		}
+	}
+	if err := chromedp.Do(browser, chromedp.Navigate(follower.URL()+"/ui/")); err != nil {
+		t.Fatal(err)
+	}
+	onFollower := func(p pageState) bool {
+		l, ok := p.lock("payment-processor")
+		return p.Conn == "live" && p.Self == follower.ID && p.Leader == newLeader.ID &&
+			strings.Contains(p.Notice, "local replica") && ok && l.Token == tokenText
+	}
+	waitPage(t, browser, "the follower's view", 10*time.Second, onFollower)
+	time.Sleep(time.Second)
+	waitPage(t, browser, "the follower's view, still", time.Second, onFollower)
 }
 
 // waitQueue waits until the leader reports n waiters on a lock.

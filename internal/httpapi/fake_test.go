@@ -96,7 +96,18 @@ func (f *fakeBackend) Status() api.NodeStatus {
 	}
 	return st
 }
-func (f *fakeBackend) Readyz() (bool, string) { return f.Ready(), "" }
+func (f *fakeBackend) Readyz() (bool, string)                     { return f.Ready(), "" }
+func (f *fakeBackend) Backup(ctx context.Context) ([]byte, error) { return f.snapshot(), nil }
+func (f *fakeBackend) RestoreBackup(ctx context.Context, data []byte, force bool) error {
+	t, err := locktable.Restore(data)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.table = t
+	f.mu.Unlock()
+	return nil
+}
 
 // snapshot is the table's canonical encoding: "nothing changed" means these
 // bytes did not change.

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -63,6 +64,11 @@ type Backend interface {
 	RemoveMember(ctx context.Context, id string) error
 	TransferLeadership(ctx context.Context, to string) error
 	Status() api.NodeStatus
+	// Backup returns the encoded state (a linearizable read).
+	Backup(ctx context.Context) ([]byte, error)
+	// RestoreBackup replaces the state with a backup; without force only an
+	// empty cluster accepts it.
+	RestoreBackup(ctx context.Context, data []byte, force bool) error
 	// Readyz reports whether a leader is known and this member's state is
 	// current, with a reason when not.
 	Readyz() (bool, string)
@@ -128,6 +134,8 @@ func New(cfg Config) *Handler {
 	m.HandleFunc("DELETE /api/v1/cluster/members/{id}", h.removeMember)
 	m.HandleFunc("POST /api/v1/cluster/transfer-leadership", h.transfer)
 	m.HandleFunc("GET /api/v1/status", h.status)
+	m.HandleFunc("GET /api/v1/snapshot", h.backup)
+	m.HandleFunc("POST /api/v1/snapshot/restore", h.restore)
 	m.HandleFunc("GET /healthz", h.healthz)
 	m.HandleFunc("GET /readyz", h.readyz)
 	if cfg.Metrics != nil {
@@ -718,6 +726,46 @@ func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, 200, map[string]bool{"transferred": true})
+}
+
+// maxBackupBytes bounds an uploaded backup.
+const maxBackupBytes = 4 << 30
+
+func (h *Handler) backup(w http.ResponseWriter, r *http.Request) {
+	if _, ok := h.allow(w, r, auth.Admin, "", false); !ok {
+		return
+	}
+	if h.routeToLeader(w, r) {
+		return
+	}
+	data, err := h.b.Backup(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", `attachment; filename="lockd.snap"`)
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	_, _ = w.Write(data)
+}
+
+func (h *Handler) restore(w http.ResponseWriter, r *http.Request) {
+	if _, ok := h.allow(w, r, auth.Admin, "", false); !ok {
+		return
+	}
+	if h.routeToLeader(w, r) {
+		return
+	}
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBackupBytes))
+	if err != nil {
+		writeError(w, &apiError{code: api.CodePayloadTooLarge, msg: "backup over 4 GiB or unreadable: " + err.Error()})
+		return
+	}
+	if err := h.b.RestoreBackup(r.Context(), data, r.URL.Query().Get("force") == "true"); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, map[string]bool{"restored": true})
 }
 
 func (h *Handler) status(w http.ResponseWriter, r *http.Request) {

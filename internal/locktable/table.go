@@ -176,6 +176,18 @@ func (t *Table) Members() []Member {
 	return out
 }
 
+// PrepareRestore adapts a table decoded from a backup before it replaces a
+// running cluster's state: it takes the running cluster's member address
+// book (the backup's may name other hosts) and never lets the token counter
+// go below the running cluster's, so a restore cannot make a token repeat.
+func (t *Table) PrepareRestore(current *Table) {
+	t.members = map[string]Member{}
+	for id, m := range current.members {
+		t.members[id] = m
+	}
+	t.lastToken = max(t.lastToken, current.lastToken)
+}
+
 // Stats counts what the table holds, for metrics.
 type Stats struct {
 	Locks, Held, Waiters, Sessions int

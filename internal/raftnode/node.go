@@ -6,6 +6,7 @@
 package raftnode
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -547,6 +548,20 @@ func (n *Node) TransferLeadership(to string) error {
 		f = n.raft.LeadershipTransferToServer(raft.ServerID(to), raft.ServerAddress(addr))
 	}
 	return f.Error()
+}
+
+// RestoreSnapshot replaces the whole replicated state with an encoded lock
+// table (a backup). It runs on the leader, keeps the current Raft
+// configuration, and reaches the followers as an installed snapshot.
+func (n *Node) RestoreSnapshot(data []byte) error {
+	if n.raft.State() != raft.Leader {
+		return ErrNotLeader
+	}
+	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Size: int64(len(data))}
+	if err := n.raft.Restore(meta, bytes.NewReader(data), 60*time.Second); err != nil {
+		return mapApplyErr(err)
+	}
+	return nil
 }
 
 // Snapshot asks Raft for a snapshot now.

@@ -1,7 +1,8 @@
 // lockd dashboard: reads /ui/events (Server-Sent Events) from one member and
 // renders each snapshot. When the stream breaks (the member died or went
 // silent), it reconnects with backoff to the members it has learned, the
-// known leader first, so a page opened on a leader follows the new one.
+// known leader first, and moves on to the new leader once one is elected, so
+// a page opened on a leader follows the leader.
 // Every value from the server is written with textContent, never as HTML.
 'use strict';
 
@@ -22,6 +23,8 @@
     live: false,
     openTimer: 0,
     retryTimer: 0,
+    following: false,   // the page left its first member: prefer the leader
+    upgraded: new Set(), // leader+term already tried while following
     members: new Map(), // origin -> member id, learned from snapshots
     unreachable: new Set(), // origins this browser failed to read from
     ttlCells: [],       // [cell, expiresAt, ttlMs] for the countdown
@@ -152,6 +155,7 @@
     if (es && es !== st.es) return;
     st.es = null;
     st.live = false;
+    st.following = true;
     st.unreachable.add(base);
     const order = candidates(base);
     const next = order[st.attempt % order.length];
@@ -183,6 +187,17 @@
     const self = s.member || {};
     setConn('live', 'Live · ' + (self.id || label(st.base)));
     render(s);
+
+    // After a failover the page may have landed on a follower (the new
+    // leader was not elected yet): move on to the leader once it is known,
+    // once per leader and term. A page the operator opened on a follower
+    // on purpose stays there.
+    const lead = originOf(s.cluster && s.cluster.leader_http);
+    const key = lead + '#' + (s.cluster && s.cluster.term);
+    if (st.following && s.stale && lead && lead !== st.base && !st.upgraded.has(key)) {
+      st.upgraded.add(key);
+      connect(lead);
+    }
   }
 
   function render(s) {
