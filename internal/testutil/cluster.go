@@ -3,7 +3,6 @@ package testutil
 import (
 	"fmt"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -77,12 +76,10 @@ func NewCluster(t testing.TB, n int, opts Options) *Cluster {
 // freeAddr returns a loopback address that was free a moment ago.
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
 	return addr
 }
 
@@ -92,7 +89,7 @@ func (c *Cluster) start(m *Member, initial, join string, modify ...func(*server.
 		ID: m.ID, DataDir: m.Dir, HTTPAddr: m.HTTPAddr, RaftAddr: m.RaftAddr,
 		InitialCluster: initial, Join: join,
 		HeartbeatTimeout: c.opts.Heartbeat, ElectionTimeout: c.opts.Heartbeat,
-		LeaderLeaseTimeout: c.opts.Heartbeat / 2, LogStore: c.opts.LogStore,
+		LeaderLeaseTimeout: c.opts.Heartbeat, LogStore: c.opts.LogStore,
 		Logger:   slog.New(slog.NewTextHandler(testWriter{c.t, m.ID}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		RaftDial: c.Net.Dialer(m.ID), RaftLogLevel: "error",
 	}
