@@ -1,6 +1,7 @@
 // Command lockctl is the command-line client of lockd: acquire, release and
 // renew locks, read their status, manage sessions and cluster membership,
-// and run a command while holding a lock (lockctl run, for cron jobs).
+// run a command while holding a lock (lockctl run, for cron jobs), and write
+// the key pair for signed fencing tokens (lockctl keygen).
 //
 // It speaks only through the public package client. See lockctl --help for
 // the commands and the exit codes.
@@ -50,6 +51,11 @@ Commands:
   cluster add ID RAFTADDR HTTPADDR       add a voter
   cluster remove ID                      remove a member
   cluster transfer [--to ID]             hand the leadership over
+  keygen [--private F] [--public F] [--force]
+        write a new Ed25519 key pair for signed fencing tokens (needs no cluster):
+        the private key (default lockd-signing.pem, mode 0600) for every lockd
+        member's --signing-key, the public key (default lockd-verify.pem) for
+        fencestore --verify-key. Refuses to replace existing files unless --force.
   run NAME [--ttl D] [--wait D] [--session-ttl 15s] [--grace 10s] -- CMD [ARGS...]
         hold NAME through a session while CMD runs. CMD inherits stdin/stdout/stderr,
         runs in its own process group, and gets LOCKD_LOCK, LOCKD_FENCING_TOKEN and
@@ -145,6 +151,8 @@ func lockctl(ctx context.Context, args []string, getenv func(string) string, std
 		return e.cluster(ctx, rest)
 	case "run":
 		return e.run(ctx, rest)
+	case "keygen":
+		return e.keygen(ctx, rest)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
