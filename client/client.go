@@ -55,8 +55,13 @@ type session struct {
 
 // New opens a session with the cluster: it finds the leader from any
 // endpoint and says hello. It blocks until the session is established or ctx
-// is done (then the error matches ErrNoLeader and ctx's error). ctx bounds
-// only this first connect; the Client lives until Close.
+// is done (then the error matches ErrNoLeader and ctx's error). A token the
+// cluster refuses fails it at once with an error matching ErrUnauthenticated
+// or ErrPermissionDenied (a token without lock access on any prefix). ctx
+// bounds only this first connect; the Client lives until Close. Later
+// reconnects keep trying even when the token is refused (it may be accepted
+// again after the cluster reloads its token file); the session's local lease
+// ends the session meanwhile.
 func New(ctx context.Context, cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -68,9 +73,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	hc := cfg.HTTPClient
 	own := hc == nil
 	if own {
-		hc = defaultHTTPClient()
+		hc = defaultHTTPClient(cfg.TLSConfig)
 	}
-	a, err := NewAPI(APIConfig{Endpoints: cfg.Endpoints, HTTPClient: hc, Logger: cfg.Logger, MinBackoff: cfg.MinBackoff, MaxBackoff: cfg.MaxBackoff})
+	a, err := NewAPI(APIConfig{Endpoints: cfg.Endpoints, HTTPClient: hc, Token: cfg.Token, Logger: cfg.Logger, MinBackoff: cfg.MinBackoff, MaxBackoff: cfg.MaxBackoff})
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +92,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		opByID: make(map[uint64]*acquireOp),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	cs, err := c.connect(ctx)
+	cs, err := c.connect(ctx, true)
 	if err != nil {
 		c.cancel()
 		if own {

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -19,9 +20,21 @@ import (
 // takes a default; Validate reports what is wrong.
 type Config struct {
 	// Endpoints are base HTTP URLs of cluster members, e.g.
-	// "http://127.0.0.1:7070". Any member will do: followers point to the
-	// leader.
+	// "http://127.0.0.1:7070" or "https://10.0.0.1:7070". Any member will
+	// do: followers point to the leader.
 	Endpoints []string
+	// TLSConfig is used for https:// endpoints and the wss:// session
+	// connection: RootCAs to trust the members' certificates (nil: the
+	// system roots), Certificates to present a client certificate when the
+	// members require one (mTLS). It is cloned; the server name is taken
+	// from each endpoint. Set it or HTTPClient, not both: with your own
+	// HTTPClient, configure TLS on its transport.
+	TLSConfig *tls.Config
+	// Token is the bearer token sent as "Authorization: Bearer <token>" on
+	// every HTTP request and on the WebSocket upgrade, when the cluster runs
+	// with --auth-file. A refused token gives errors matching
+	// ErrUnauthenticated (401) or ErrPermissionDenied (403), never retried.
+	Token string
 	// ClientID identifies this client to lockd (acquire is idempotent per
 	// client ID). Default: "<hostname>:<pid>".
 	ClientID string
@@ -31,7 +44,7 @@ type Config struct {
 	SessionTTL time.Duration
 	// HTTPClient carries the WebSocket handshake and HTTP calls. Its
 	// CheckRedirect is not used: the client follows the leader redirects
-	// itself. Default: a client with its own transport.
+	// itself. Default: a client with its own transport (using TLSConfig).
 	HTTPClient *http.Client
 	// Logger receives connection events. Default: discard.
 	Logger *slog.Logger
@@ -94,6 +107,9 @@ func (c Config) Validate() error {
 	if err := validateClientID(c.ClientID); err != nil {
 		return err
 	}
+	if err := validateTransport(c.HTTPClient, c.TLSConfig, c.Token); err != nil {
+		return err
+	}
 	if c.SessionTTL < api.MinSessionTTLms*time.Millisecond || c.SessionTTL > api.MaxSessionTTLms*time.Millisecond {
 		return fmt.Errorf("lockd: SessionTTL %v out of range 1s–1h", c.SessionTTL)
 	}
@@ -115,6 +131,18 @@ func validateEndpoints(eps []string) error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("lockd: endpoint %q is not an http(s) URL", e)
 		}
+	}
+	return nil
+}
+
+// validateTransport checks the TLS and token settings shared by Config and
+// APIConfig.
+func validateTransport(hc *http.Client, tc *tls.Config, token string) error {
+	if hc != nil && tc != nil {
+		return errors.New("lockd: set TLSConfig or HTTPClient, not both (configure TLS on the HTTPClient's transport)")
+	}
+	if token != strings.TrimSpace(token) || strings.ContainsAny(token, "\r\n\x00") {
+		return errors.New("lockd: Token has surrounding spaces or control characters")
 	}
 	return nil
 }
@@ -143,6 +171,19 @@ func noRedirect(hc *http.Client) *http.Client {
 	return &c
 }
 
-func defaultHTTPClient() *http.Client {
-	return &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+// defaultHTTPClient is a client with its own transport, using tc (cloned)
+// for TLS when not nil.
+func defaultHTTPClient(tc *tls.Config) *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	if tc != nil {
+		t.TLSClientConfig = tc.Clone()
+	}
+	return &http.Client{Transport: t}
+}
+
+// setAuth adds the bearer token, if any, to h.
+func setAuth(h http.Header, token string) {
+	if token != "" {
+		h.Set("Authorization", "Bearer "+token)
+	}
 }

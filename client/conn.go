@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"sync"
@@ -36,19 +37,26 @@ var errConnLost = errors.New("lockd: connection lost")
 const maxLeaderHops = 3
 
 // connect finds the leader and establishes (or resumes) the session,
-// retrying rounds over the endpoints with backoff until ctx is done.
-func (c *Client) connect(ctx context.Context) (*wsConn, error) {
+// retrying rounds over the endpoints with backoff until ctx is done. When
+// first is set (New), a refused token ends it at once; a reconnect keeps
+// trying, since the token may be accepted again after a reload, and the
+// session's lease decides meanwhile.
+func (c *Client) connect(ctx context.Context, first bool) (*wsConn, error) {
 	bo := newBackoff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
 	for {
 		cs, err := c.connectRound(ctx)
 		if cs != nil {
 			return cs, nil
 		}
-		if errors.Is(err, ErrClosed) {
+		if errors.Is(err, ErrClosed) || (first && isAuthError(err)) {
 			return nil, err
 		}
 		wait := bo.next()
-		c.log.Info("lockd: no leader reachable, retrying", "err", err, "wait", wait)
+		if isAuthError(err) {
+			c.log.Warn("lockd: the cluster refuses the token, retrying", "err", err, "wait", wait)
+		} else {
+			c.log.Info("lockd: no leader reachable, retrying", "err", err, "wait", wait)
+		}
 		if ctx.Err() != nil || !sleep(ctx, wait) {
 			if errors.Is(err, ErrNoLeader) {
 				return nil, fmt.Errorf("%w (%w)", err, ctx.Err())
@@ -67,7 +75,7 @@ func (c *Client) connectRound(ctx context.Context) (*wsConn, error) {
 			if cs != nil {
 				return cs, nil
 			}
-			if errors.Is(err, ErrClosed) {
+			if errors.Is(err, ErrClosed) || isAuthError(err) {
 				return nil, err
 			}
 			lastErr = err
@@ -92,10 +100,23 @@ func wsURL(base string) string { return base + "/api/v1/ws" }
 func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next string, err error) {
 	dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 	defer cancel()
-	ws, resp, err := websocket.Dial(dctx, wsURL(base), &websocket.DialOptions{HTTPClient: c.dialHC})
+	hdr := http.Header{}
+	setAuth(hdr, c.cfg.Token)
+	ws, resp, err := websocket.Dial(dctx, wsURL(base), &websocket.DialOptions{HTTPClient: c.dialHC, HTTPHeader: hdr})
 	if err != nil {
 		if resp != nil {
 			switch resp.StatusCode {
+			case http.StatusUnauthorized, http.StatusForbidden:
+				// The token is refused; every member would say the same.
+				var eb errorBody
+				if resp.Body != nil {
+					b, _ := io.ReadAll(resp.Body)
+					_ = json.Unmarshal(b, &eb)
+				}
+				if eb.Error == nil {
+					eb.Error = &api.Error{Code: codeForStatus(resp.StatusCode), Message: "WebSocket upgrade refused: HTTP " + resp.Status}
+				}
+				return nil, "", fmt.Errorf("%s: %w", base, serverError(eb.Error, resp.StatusCode))
 			case http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
 				leader := resp.Header.Get(api.HeaderLeader)
 				if leader == "" {
@@ -276,7 +297,7 @@ func (c *Client) run(cs *wsConn) {
 			bo.reset()
 		}
 		var err error
-		if cs, err = c.connect(c.ctx); err != nil {
+		if cs, err = c.connect(c.ctx, false); err != nil {
 			return
 		}
 	}

@@ -38,5 +38,15 @@
 // # Plain HTTP
 //
 // API is a thin client of the HTTP API for calls without a session: locks
-// held by client ID and TTL, lock status, sessions and cluster membership.
+// held by client ID and TTL, lock status, sessions, cluster membership and
+// backups (SnapshotSave, SnapshotRestore).
+//
+// # TLS and tokens
+//
+// Config.TLSConfig (APIConfig.TLSConfig) secures https:// endpoints and the
+// wss:// session: RootCAs to trust the members, Certificates when they
+// require client certificates. Config.Token is sent as a bearer token on
+// every request and on the WebSocket upgrade. A refused token gives errors
+// matching ErrUnauthenticated (401) or ErrPermissionDenied (403), which are
+// never retried.
 package client

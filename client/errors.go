@@ -23,6 +23,15 @@ var (
 	ErrSessionExpired = errors.New("lockd: session expired")
 	// ErrNoLeader: no member could name a leader, or none could be reached.
 	ErrNoLeader = errors.New("lockd: no leader")
+	// ErrUnauthenticated: the cluster wants a valid bearer token (HTTP 401
+	// unauthenticated): none was configured (Config.Token), or it is not
+	// known (mistyped, rotated out). Never retried.
+	ErrUnauthenticated = errors.New("lockd: unauthenticated")
+	// ErrPermissionDenied: the token is known but lacks the access the call
+	// needs (HTTP 403 permission_denied): a lock outside its prefixes, a
+	// read-only token taking a lock, a cluster operation or backup without
+	// admin access. Never retried.
+	ErrPermissionDenied = errors.New("lockd: permission denied")
 
 	// ErrLeaseExpired: the client's conservative local lease ran out: no
 	// keepalive or renew sent early enough was confirmed, so the server may
@@ -85,8 +94,17 @@ func sentinel(code string) error {
 		return ErrSessionExpired
 	case api.CodeNoLeader, api.CodeNotLeader:
 		return ErrNoLeader
+	case api.CodeUnauthenticated:
+		return ErrUnauthenticated
+	case api.CodePermissionDenied:
+		return ErrPermissionDenied
 	}
 	return nil
+}
+
+// isAuthError reports a refused token: retrying cannot help.
+func isAuthError(err error) bool {
+	return errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrPermissionDenied)
 }
 
 func serverError(e *api.Error, status int) *ServerError {

@@ -16,7 +16,12 @@ import (
 // The fake lockd the tests run against lives in package lockdtest (so that
 // cmd/lockctl's tests can use it too); these are the helpers around it.
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// A real cluster (secure_test.go) leaves hashicorp/raft's readers of
+// inbound connections from killed members, which its NetworkTransport does
+// not close.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"))
+}
 
 // newFake starts a fake cluster closed at the end of the test.
 func newFake(t *testing.T, opts lockdtest.Options) *lockdtest.Cluster {

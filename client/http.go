@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,10 +21,18 @@ import (
 
 // APIConfig configures an API.
 type APIConfig struct {
-	// Endpoints are base HTTP URLs of cluster members.
+	// Endpoints are base HTTP URLs of cluster members (http:// or https://).
 	Endpoints []string
+	// TLSConfig is used for https:// endpoints: RootCAs to trust the members
+	// (nil: the system roots), Certificates for a client certificate (mTLS).
+	// It is cloned. Set it or HTTPClient, not both.
+	TLSConfig *tls.Config
+	// Token is sent as "Authorization: Bearer <token>" on every request. A
+	// refused token gives ErrUnauthenticated (401) or ErrPermissionDenied
+	// (403), never retried.
+	Token string
 	// HTTPClient carries the requests; its CheckRedirect is not used.
-	// Default: a client with its own transport.
+	// Default: a client with its own transport (using TLSConfig).
 	HTTPClient *http.Client
 	// Logger receives retry events. Default: discard.
 	Logger *slog.Logger
@@ -33,13 +42,15 @@ type APIConfig struct {
 }
 
 // API is a thin client of lockd's plain HTTP API: locks without a session
-// (client_id + TTL), lock status, sessions and cluster membership. It
-// follows leader redirects (307, re-sending the body), remembers the leader,
-// and retries a 503 no_leader or an unreachable member on the other
-// endpoints with backoff until ctx is done. Safe for concurrent use.
+// (client_id + TTL), lock status, sessions, cluster membership and backups.
+// It follows leader redirects (307, re-sending the body), remembers the
+// leader, and retries a 503 no_leader or an unreachable member on the other
+// endpoints with backoff until ctx is done. 401 and 403 are not retried.
+// Safe for concurrent use.
 type API struct {
 	endpoints []string
 	hc        *http.Client
+	token     string
 	log       *slog.Logger
 	min, max  time.Duration
 
@@ -52,8 +63,11 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	if err := validateEndpoints(cfg.Endpoints); err != nil {
 		return nil, err
 	}
+	if err := validateTransport(cfg.HTTPClient, cfg.TLSConfig, cfg.Token); err != nil {
+		return nil, err
+	}
 	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = defaultHTTPClient()
+		cfg.HTTPClient = defaultHTTPClient(cfg.TLSConfig)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = Config{}.withDefaults().Logger
@@ -64,7 +78,7 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		cfg.MaxBackoff = max(2*time.Second, cfg.MinBackoff)
 	}
-	a := &API{hc: noRedirect(cfg.HTTPClient), log: cfg.Logger, min: cfg.MinBackoff, max: cfg.MaxBackoff}
+	a := &API{hc: noRedirect(cfg.HTTPClient), token: cfg.Token, log: cfg.Logger, min: cfg.MinBackoff, max: cfg.MaxBackoff}
 	for _, e := range cfg.Endpoints {
 		a.endpoints = append(a.endpoints, normalizeEndpoint(e))
 	}
@@ -115,21 +129,50 @@ type errorBody struct {
 // maxRedirects bounds leader redirects for one attempt on one member.
 const maxRedirects = 5
 
+// maxReplyBytes bounds a JSON reply (and an error body) read into memory.
+const maxReplyBytes = 4 << 20
+
+// request is one API call, sent again (to another member, or to the leader
+// a follower points to) until it is answered.
+type request struct {
+	method, path string
+	// body returns a fresh reader of the whole body and its length for
+	// each send; nil sends none. Readers of earlier sends may still be
+	// read by the transport, so each must be independent.
+	body        func() (io.Reader, int64, error)
+	contentType string
+	// expectContinue sends "Expect: 100-continue", so a large body is not
+	// sent to a member that redirects or refuses the request.
+	expectContinue bool
+	// out receives a 2xx JSON reply (and the 409 reply of acquire).
+	out any
+	// stream, when set, consumes a 2xx reply body instead of out. Its
+	// error ends the call: a half-consumed reply cannot be retried.
+	stream func(io.Reader) error
+}
+
 // do sends one request (JSON body in, JSON body out) to the leader. See API.
 func (a *API) do(ctx context.Context, method, path string, in, out any) error {
-	var payload []byte
+	r := &request{method: method, path: path, out: out}
 	if in != nil {
-		var err error
-		if payload, err = json.Marshal(in); err != nil {
+		payload, err := json.Marshal(in)
+		if err != nil {
 			return err
 		}
+		r.body = func() (io.Reader, int64, error) { return bytes.NewReader(payload), int64(len(payload)), nil }
+		r.contentType = "application/json"
 	}
+	return a.call(ctx, r)
+}
+
+// call sends r to the leader, retrying as API describes.
+func (a *API) call(ctx context.Context, r *request) error {
 	bo := newBackoff(a.min, a.max)
 	for {
 		var lastErr error
 		var retryAfter time.Duration
 		for _, base := range a.candidates() {
-			err, retry := a.try(ctx, method, base+path, payload, out)
+			err, retry := a.try(ctx, r, base+r.path)
 			if !retry {
 				return err
 			}
@@ -146,7 +189,7 @@ func (a *API) do(ctx context.Context, method, path string, in, out any) error {
 		if retryAfter > wait {
 			wait = min(retryAfter, a.max)
 		}
-		a.log.Debug("lockd: retrying", "method", method, "path", path, "err", lastErr, "wait", wait)
+		a.log.Debug("lockd: retrying", "method", r.method, "path", r.path, "err", lastErr, "wait", wait)
 		if ctx.Err() != nil || !sleep(ctx, wait) {
 			if errors.Is(lastErr, ErrNoLeader) {
 				return lastErr
@@ -156,19 +199,57 @@ func (a *API) do(ctx context.Context, method, path string, in, out any) error {
 	}
 }
 
+// newRequest builds one send of r to u.
+func (a *API) newRequest(ctx context.Context, r *request, u string) (*http.Request, error) {
+	var body io.Reader
+	var size int64
+	if r.body != nil {
+		var err error
+		if body, size, err = r.body(); err != nil {
+			return nil, err
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, r.method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	if r.body != nil {
+		req.ContentLength = size
+		if size == 0 {
+			req.Body = http.NoBody
+		}
+		// Lets the transport replay the body on a fresh connection.
+		req.GetBody = func() (io.ReadCloser, error) {
+			b, _, err := r.body()
+			if err != nil {
+				return nil, err
+			}
+			return io.NopCloser(b), nil
+		}
+		if r.contentType != "" {
+			req.Header.Set("Content-Type", r.contentType)
+		}
+		if r.expectContinue && size > 0 {
+			req.Header.Set("Expect", "100-continue")
+		}
+	}
+	if r.stream == nil {
+		req.Header.Set("Accept", "application/json")
+	}
+	setAuth(req.Header, a.token)
+	return req, nil
+}
+
 // try sends the request to one member, following leader redirects. retry
 // reports that another member (or a later attempt) may succeed: the member
 // was unreachable before the request reached it, or no leader is known.
-func (a *API) try(ctx context.Context, method, u string, body []byte, out any) (err error, retry bool) {
+func (a *API) try(ctx context.Context, r *request, u string) (err error, retry bool) {
+	method := r.method
 	for hop := 0; ; hop++ {
-		req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
+		req, err := a.newRequest(ctx, r, u)
 		if err != nil {
 			return err, false
 		}
-		if body != nil {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		req.Header.Set("Accept", "application/json")
 		resp, err := a.hc.Do(req)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -183,7 +264,16 @@ func (a *API) try(ctx context.Context, method, u string, body []byte, out any) (
 			}
 			return fmt.Errorf("%s %s: %w", method, u, err), (errors.As(err, &op) && op.Op == "dial") || method == http.MethodGet
 		}
-		data, rerr := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+		if resp.StatusCode >= 200 && resp.StatusCode < 300 && r.stream != nil {
+			a.setLeader(req.URL.Scheme + "://" + req.URL.Host)
+			err := r.stream(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				return fmt.Errorf("%s %s: reading reply: %w", method, u, err), false
+			}
+			return nil, false
+		}
+		data, rerr := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
 		resp.Body.Close()
 		if rerr != nil {
 			return fmt.Errorf("%s %s: reading reply: %w", method, u, rerr), method == http.MethodGet
@@ -212,8 +302,8 @@ func (a *API) try(ctx context.Context, method, u string, body []byte, out any) (
 			continue
 		case resp.StatusCode >= 200 && resp.StatusCode < 300:
 			a.setLeader(req.URL.Scheme + "://" + req.URL.Host)
-			if out != nil && len(bytes.TrimSpace(data)) > 0 {
-				if err := json.Unmarshal(data, out); err != nil {
+			if r.out != nil && len(bytes.TrimSpace(data)) > 0 {
+				if err := json.Unmarshal(data, r.out); err != nil {
 					return fmt.Errorf("%s %s: decoding reply: %w", method, u, err), false
 				}
 			}
@@ -230,8 +320,8 @@ func (a *API) try(ctx context.Context, method, u string, body []byte, out any) (
 				se.retryAfterHdr = ra
 			}
 			// The 409 of acquire carries the reply body too.
-			if out != nil && resp.StatusCode == http.StatusConflict {
-				_ = json.Unmarshal(data, out)
+			if r.out != nil && resp.StatusCode == http.StatusConflict {
+				_ = json.Unmarshal(data, r.out)
 			}
 			return se, se.API.Code == api.CodeNoLeader
 		}
@@ -402,6 +492,79 @@ func (a *API) RemoveMember(ctx context.Context, id string) error {
 // the cluster pick).
 func (a *API) TransferLeadership(ctx context.Context, to string) error {
 	return a.do(ctx, http.MethodPost, "/api/v1/cluster/transfer-leadership", api.TransferRequest{To: to}, nil)
+}
+
+// SnapshotSave writes a backup of the cluster's state to w (GET
+// /api/v1/snapshot, a linearizable read on the leader; needs an admin
+// token when auth is on) and returns the number of bytes written. The
+// backup is streamed, not held in memory. On an error after the transfer
+// began, w holds part of a backup and the call is not retried: write to a
+// temporary file and rename it once SnapshotSave returns nil.
+func (a *API) SnapshotSave(ctx context.Context, w io.Writer) (int64, error) {
+	var n int64
+	err := a.call(ctx, &request{method: http.MethodGet, path: "/api/v1/snapshot", stream: func(body io.Reader) error {
+		var err error
+		n, err = io.Copy(w, body)
+		return err
+	}})
+	return n, err
+}
+
+// SnapshotRestore replaces the cluster's state with the backup read from r
+// (POST /api/v1/snapshot/restore; needs an admin token when auth is on).
+// Without force only a fresh cluster (no lock, session or token issued yet)
+// takes it; otherwise the error is a 400 invalid_argument ServerError.
+// Either way the token counter never goes down.
+//
+// The body must be sent again when a follower redirects to the leader or a
+// member is unreachable. When r is an io.ReaderAt and an io.Seeker (an
+// *os.File, *bytes.Reader, *strings.Reader), the backup is read from r's
+// current offset to its end with ReadAt for each send, never held in memory
+// as a whole, and r's offset is left where it was; r must stay open until
+// SnapshotRestore returns. Any other reader is read into memory first. The
+// body is sent with "Expect: 100-continue", so a member that redirects or
+// refuses the request does not receive it.
+func (a *API) SnapshotRestore(ctx context.Context, r io.Reader, force bool) error {
+	body, err := replayable(r)
+	if err != nil {
+		return fmt.Errorf("lockd: reading the backup: %w", err)
+	}
+	p := "/api/v1/snapshot/restore"
+	if force {
+		p += "?force=true"
+	}
+	var rep struct {
+		Restored bool `json:"restored"`
+	}
+	return a.call(ctx, &request{method: http.MethodPost, path: p, body: body,
+		contentType: "application/octet-stream", expectContinue: true, out: &rep})
+}
+
+// replayable turns r into a body that can be sent more than once (see
+// SnapshotRestore).
+func replayable(r io.Reader) (func() (io.Reader, int64, error), error) {
+	ra, isAt := r.(io.ReaderAt)
+	sk, isSeeker := r.(io.Seeker)
+	if isAt && isSeeker {
+		start, err := sk.Seek(0, io.SeekCurrent)
+		if err != nil {
+			return nil, err
+		}
+		end, err := sk.Seek(0, io.SeekEnd)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := sk.Seek(start, io.SeekStart); err != nil {
+			return nil, err
+		}
+		size := max(end-start, 0)
+		return func() (io.Reader, int64, error) { return io.NewSectionReader(ra, start, size), size, nil }, nil
+	}
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	return func() (io.Reader, int64, error) { return bytes.NewReader(data), int64(len(data)), nil }, nil
 }
 
 // closeIdle drops idle connections of the underlying transport.

@@ -28,7 +28,15 @@ type Config struct {
 	LogFormat       string
 	LogLevel        string
 	ShutdownTimeout time.Duration
+	// TLSCert and TLSKey serve HTTPS; with ClientCA, clients must present a
+	// certificate signed by it (mTLS). Re-read on SIGHUP.
+	TLSCert  string
+	TLSKey   string
+	ClientCA string
 }
+
+// TLS reports whether fencestore serves HTTPS.
+func (c Config) TLS() bool { return c.TLSCert != "" }
 
 // parseConfig reads args (without the program name) and, for flags not on
 // the command line, getenv. Output goes to out (for --help and errors).
@@ -43,11 +51,16 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (Conf
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT, how long to let requests in flight finish")
+	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate: serve HTTPS (with --tls-key); re-read on SIGHUP")
+	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&c.ClientCA, "client-ca", "", "PEM CA certificate(s): require client certificates signed by it (mTLS; needs --tls-cert); re-read on SIGHUP")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "Usage: fencestore [flags]\n\n"+
 			"A resource server that accepts a write only with a fencing token not lower than\n"+
 			"the highest it has accepted for that key. Each flag --some-flag may also be set\n"+
-			"as %sSOME_FLAG in the environment; the command line wins.\n\nFlags:\n", envPrefix)
+			"as %sSOME_FLAG in the environment; the command line wins. With --tls-cert and\n"+
+			"--tls-key it serves HTTPS, and with --client-ca it requires client certificates;\n"+
+			"SIGHUP re-reads those files (a file that fails to load keeps the old ones).\n\nFlags:\n", envPrefix)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -96,6 +109,12 @@ func (c Config) Validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout %s: want > 0", c.ShutdownTimeout))
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
+	}
+	if c.ClientCA != "" && c.TLSCert == "" {
+		errs = append(errs, errors.New("--client-ca needs --tls-cert and --tls-key (client certificates are checked over HTTPS)"))
 	}
 	return errors.Join(errs...)
 }

@@ -4,11 +4,19 @@
 // Values and tokens live in one bbolt file; see package fence for the API.
 //
 //	fencestore --addr 127.0.0.1:7090 --data-dir ./fencestore-data [--verify-key FILE]
+//	           [--tls-cert FILE --tls-key FILE [--client-ca FILE]]
+//
+// With --tls-cert and --tls-key it serves HTTPS; with --client-ca it also
+// requires client certificates signed by that CA (mTLS). SIGHUP re-reads the
+// three files; a file that fails to load is logged and the previous ones stay
+// in use. Every flag may also come from FENCESTORE_<FLAG> in the environment
+// (FENCESTORE_TLS_CERT, FENCESTORE_TLS_KEY, FENCESTORE_CLIENT_CA, ...).
 package main
 
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,6 +26,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -79,9 +88,46 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	var certs *tlsFiles
+	if cfg.TLS() {
+		certs = &tlsFiles{cert: cfg.TLSCert, key: cfg.TLSKey, ca: cfg.ClientCA}
+		if err := certs.reload(); err != nil {
+			return err
+		}
+	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return err
+	}
+	if certs != nil {
+		ln = tls.NewListener(ln, certs.config())
+		// SIGHUP re-reads the certificate files (only with TLS: without it
+		// SIGHUP keeps its default meaning).
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		defer func() {
+			signal.Stop(hup)
+			close(done)
+			wg.Wait()
+		}()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-hup:
+					if err := certs.reload(); err != nil {
+						log.Error("TLS files not reloaded; the previous ones stay in use", "err", err)
+					} else {
+						log.Info("TLS files reloaded", "cert", cfg.TLSCert, "client_ca", cfg.ClientCA)
+					}
+				case <-done:
+					return
+				}
+			}
+		}()
 	}
 	srv := &http.Server{
 		Handler:           handler,
@@ -91,7 +137,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("listening", "addr", ln.Addr().String(), "data_dir", cfg.DataDir,
-		"verify_proofs", pub != nil)
+		"verify_proofs", pub != nil, "tls", cfg.TLS(), "client_certs", cfg.ClientCA != "")
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

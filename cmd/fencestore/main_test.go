@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -75,6 +77,26 @@ func TestParseConfig(t *testing.T) {
 		{"bad log level", nil, env("FENCESTORE_LOG_LEVEL", "loud"), nil, "--log-level"},
 		{"bad env number", nil, env("FENCESTORE_MAX_VALUE_BYTES", "lots"), nil, "FENCESTORE_MAX_VALUE_BYTES"},
 		{"bad addr", []string{"--addr", "nope"}, env(), nil, "--addr"},
+		{"tls flags", []string{"--tls-cert", "c.pem", "--tls-key", "k.pem", "--client-ca", "ca.pem"}, env(),
+			func(t *testing.T, c Config) {
+				if c.TLSCert != "c.pem" || c.TLSKey != "k.pem" || c.ClientCA != "ca.pem" || !c.TLS() {
+					t.Fatalf("tls flags: %+v", c)
+				}
+			}, ""},
+		{"tls environment", nil, env("FENCESTORE_TLS_CERT", "ec.pem", "FENCESTORE_TLS_KEY", "ek.pem", "FENCESTORE_CLIENT_CA", "eca.pem"),
+			func(t *testing.T, c Config) {
+				if c.TLSCert != "ec.pem" || c.TLSKey != "ek.pem" || c.ClientCA != "eca.pem" {
+					t.Fatalf("tls env: %+v", c)
+				}
+			}, ""},
+		{"no tls by default", nil, env(), func(t *testing.T, c Config) {
+			if c.TLS() || c.ClientCA != "" {
+				t.Fatalf("TLS on by default: %+v", c)
+			}
+		}, ""},
+		{"cert without key", []string{"--tls-cert", "c.pem"}, env(), nil, "--tls-cert and --tls-key go together"},
+		{"key without cert", nil, env("FENCESTORE_TLS_KEY", "k.pem"), nil, "--tls-cert and --tls-key go together"},
+		{"client ca without tls", []string{"--client-ca", "ca.pem"}, env(), nil, "--client-ca needs --tls-cert"},
 		{"stray argument", []string{"serve"}, env(), nil, "serve"},
 		{"unknown flag", []string{"--nope"}, env(), nil, "nope"},
 	}
@@ -100,7 +122,7 @@ func TestHelp(t *testing.T) {
 	if _, err := parseConfig([]string{"--help"}, func(string) string { return "" }, &out); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("err = %v, want flag.ErrHelp", err)
 	}
-	for _, want := range []string{"-addr", "-data-dir", "-verify-key", "-log-format", "-log-level", "FENCESTORE_"} {
+	for _, want := range []string{"-addr", "-data-dir", "-verify-key", "-log-format", "-log-level", "FENCESTORE_", "-tls-cert", "-tls-key", "-client-ca", "SIGHUP"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help does not mention %s:\n%s", want, out.String())
 		}
@@ -165,15 +187,33 @@ func TestBinaryBadVerifyKey(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := buildBinary(t, dir)
-	cmd := exec.Command(bin, "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "d"), "--verify-key", filepath.Join(dir, "missing.pub"))
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+	out, err := runOnce(bin, "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "d"), "--verify-key", filepath.Join(dir, "missing.pub"))
+	if code := exitCodeOf(err); code != 1 {
 		t.Fatalf("exit %v, want 1; output:\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "missing.pub") {
+	if !strings.Contains(out, "missing.pub") {
 		t.Fatalf("output does not name the key file:\n%s", out)
 	}
+}
+
+// runOnce runs the binary to its end (for configurations it refuses).
+func runOnce(bin string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+	return string(out), err
+}
+
+// exitCodeOf is the exit code of a finished command (-1: did not exit).
+func exitCodeOf(err error) int {
+	var ee *exec.ExitError
+	if err == nil {
+		return 0
+	}
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
 }
 
 // buildBinary builds cmd/fencestore into dir (the go build cache makes a
@@ -197,6 +237,8 @@ type proc struct {
 	cmd  *exec.Cmd
 	logs *syncBuffer
 	base string
+	// tls is the client TLS configuration for an HTTPS fencestore.
+	tls *tls.Config
 }
 
 func startBinary(t *testing.T, bin string, env []string, args ...string) *proc {
@@ -227,9 +269,13 @@ func startBinary(t *testing.T, bin string, env []string, args ...string) *proc {
 			var rec struct {
 				Msg  string `json:"msg"`
 				Addr string `json:"addr"`
+				TLS  bool   `json:"tls"`
 			}
 			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
 				p.base = "http://" + rec.Addr
+				if rec.TLS {
+					p.base = "https://" + rec.Addr
+				}
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -246,7 +292,7 @@ func (p *proc) do(t *testing.T, method, path, body string, headers map[string]st
 	for k, v := range headers {
 		req.Header.Set(k, v)
 	}
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: p.tls}}
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)

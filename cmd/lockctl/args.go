@@ -23,6 +23,11 @@ func newFlagSet(name string, stderr io.Writer, g *globals) *flag.FlagSet {
 		g.timeout = 10 * time.Second
 	}
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "how long to look for a leader and wait for replies")
+	// Not --token: that is the fencing token of release and renew.
+	fs.StringVar(&g.token, "auth-token", g.token, "bearer token (env LOCKD_TOKEN)")
+	fs.StringVar(&g.cacert, "cacert", g.cacert, "PEM CA certificate(s) to verify the members (env LOCKD_CACERT)")
+	fs.StringVar(&g.cert, "cert", g.cert, "PEM client certificate for mTLS (env LOCKD_CERT)")
+	fs.StringVar(&g.key, "key", g.key, "PEM private key of --cert (env LOCKD_KEY)")
 	return fs
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/client"
 )
 
 // command prepares a command's flag set with a usage line.
@@ -43,7 +44,7 @@ func (e *env) acquire(ctx context.Context, args []string) int {
 	}
 	a, err := e.api()
 	if err != nil {
-		return usageErr(e.stderr, err)
+		return e.setupFailed(err)
 	}
 	ctx, cancel := e.ctx(ctx, *wait)
 	defer cancel()
@@ -69,7 +70,7 @@ func (e *env) release(ctx context.Context, args []string) int {
 	}
 	a, err := e.api()
 	if err != nil {
-		return usageErr(e.stderr, err)
+		return e.setupFailed(err)
 	}
 	ctx, cancel := e.ctx(ctx, 0)
 	defer cancel()
@@ -93,7 +94,7 @@ func (e *env) renew(ctx context.Context, args []string) int {
 	}
 	a, err := e.api()
 	if err != nil {
-		return usageErr(e.stderr, err)
+		return e.setupFailed(err)
 	}
 	ctx, cancel := e.ctx(ctx, 0)
 	defer cancel()
@@ -122,7 +123,7 @@ func (e *env) status(ctx context.Context, args []string) int {
 	}
 	a, err := e.api()
 	if err != nil {
-		return usageErr(e.stderr, err)
+		return e.setupFailed(err)
 	}
 	ctx, cancel := e.ctx(ctx, 0)
 	defer cancel()
@@ -142,7 +143,7 @@ func (e *env) list(ctx context.Context, args []string) int {
 	}
 	a, err := e.api()
 	if err != nil {
-		return usageErr(e.stderr, err)
+		return e.setupFailed(err)
 	}
 	ctx, cancel := e.ctx(ctx, 0)
 	defer cancel()
@@ -172,15 +173,24 @@ func (e *env) session(ctx context.Context, args []string) int {
 	if len(args) == 0 {
 		return usageErr(e.stderr, fmt.Errorf("session: want create, keepalive ID or delete ID"))
 	}
-	a, err := e.api()
-	if err != nil {
-		return usageErr(e.stderr, err)
+	// The API is made after the subcommand's flags are parsed: global flags
+	// (--endpoints, --auth-token, ...) may follow the subcommand.
+	var a *client.API
+	mkAPI := func() (ok bool, code int) {
+		var err error
+		if a, err = e.api(); err != nil {
+			return false, e.setupFailed(err)
+		}
+		return true, 0
 	}
 	switch sub, args := args[0], args[1:]; sub {
 	case "create":
 		fs := e.command("session create", "session create [--ttl 15s]")
 		ttl := fs.Duration("ttl", 15*time.Second, "session TTL")
 		if _, code, ok := e.parse(fs, args); !ok {
+			return code
+		}
+		if ok, code := mkAPI(); !ok {
 			return code
 		}
 		ctx, cancel := e.ctx(ctx, 0)
@@ -196,6 +206,9 @@ func (e *env) session(ctx context.Context, args []string) int {
 		if !ok {
 			return code
 		}
+		if ok, code := mkAPI(); !ok {
+			return code
+		}
 		ctx, cancel := e.ctx(ctx, 0)
 		defer cancel()
 		rep, err := a.KeepAlive(ctx, pos[0])
@@ -207,6 +220,9 @@ func (e *env) session(ctx context.Context, args []string) int {
 		fs := e.command("session delete", "session delete ID")
 		pos, code, ok := e.parse(fs, args, "ID")
 		if !ok {
+			return code
+		}
+		if ok, code := mkAPI(); !ok {
 			return code
 		}
 		ctx, cancel := e.ctx(ctx, 0)
@@ -225,14 +241,23 @@ func (e *env) cluster(ctx context.Context, args []string) int {
 	if len(args) == 0 {
 		return usageErr(e.stderr, fmt.Errorf("cluster: want status, add, remove or transfer"))
 	}
-	a, err := e.api()
-	if err != nil {
-		return usageErr(e.stderr, err)
+	// The API is made after the subcommand's flags are parsed: global flags
+	// (--endpoints, --auth-token, ...) may follow the subcommand.
+	var a *client.API
+	mkAPI := func() (ok bool, code int) {
+		var err error
+		if a, err = e.api(); err != nil {
+			return false, e.setupFailed(err)
+		}
+		return true, 0
 	}
 	switch sub, args := args[0], args[1:]; sub {
 	case "status":
 		fs := e.command("cluster status", "cluster status")
 		if _, code, ok := e.parse(fs, args); !ok {
+			return code
+		}
+		if ok, code := mkAPI(); !ok {
 			return code
 		}
 		ctx, cancel := e.ctx(ctx, 0)
@@ -256,6 +281,9 @@ func (e *env) cluster(ctx context.Context, args []string) int {
 		if !ok {
 			return code
 		}
+		if ok, code := mkAPI(); !ok {
+			return code
+		}
 		ctx, cancel := e.ctx(ctx, 0)
 		defer cancel()
 		m := api.AddMemberRequest{ID: pos[0], RaftAddr: pos[1], HTTPAddr: pos[2]}
@@ -269,6 +297,9 @@ func (e *env) cluster(ctx context.Context, args []string) int {
 		if !ok {
 			return code
 		}
+		if ok, code := mkAPI(); !ok {
+			return code
+		}
 		ctx, cancel := e.ctx(ctx, 0)
 		defer cancel()
 		if err := a.RemoveMember(ctx, pos[0]); err != nil {
@@ -279,6 +310,9 @@ func (e *env) cluster(ctx context.Context, args []string) int {
 		fs := e.command("cluster transfer", "cluster transfer [--to ID]")
 		to := fs.String("to", "", "member to hand the leadership to (default: the cluster picks)")
 		if _, code, ok := e.parse(fs, args); !ok {
+			return code
+		}
+		if ok, code := mkAPI(); !ok {
 			return code
 		}
 		ctx, cancel := e.ctx(ctx, 0)

@@ -1,7 +1,10 @@
 // Command lockctl is the command-line client of lockd: acquire, release and
 // renew locks, read their status, manage sessions and cluster membership,
-// run a command while holding a lock (lockctl run, for cron jobs), and write
-// the key pair for signed fencing tokens (lockctl keygen).
+// run a command while holding a lock (lockctl run, for cron jobs), save and
+// restore backups (lockctl snapshot), and write the key pair for signed
+// fencing tokens (lockctl keygen). It speaks HTTPS (--cacert, --cert,
+// --key) and sends a bearer token (--auth-token, LOCKD_TOKEN) when the
+// cluster asks for them.
 //
 // It speaks only through the public package client. See lockctl --help for
 // the commands and the exit codes.
@@ -9,6 +12,9 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -31,6 +37,7 @@ const (
 	exitNotAcquired = 4 // the lock is held by another client, or the wait timed out
 	exitNotHolder   = 5 // not the holder (release/renew), or the session is gone
 	exitNoLeader    = 6 // no leader known, or no member reachable, within --timeout
+	exitAuth        = 7 // the token is missing or unknown (401), or lacks the access (403)
 )
 
 const usage = `lockctl — command-line client of lockd, the distributed lock service.
@@ -51,6 +58,13 @@ Commands:
   cluster add ID RAFTADDR HTTPADDR       add a voter
   cluster remove ID                      remove a member
   cluster transfer [--to ID]             hand the leadership over
+  snapshot save FILE                     write a backup of every lock, waiter, session and the
+                                         token counter to FILE (from the leader; admin token).
+                                         Written to a temporary file beside FILE (mode 0600),
+                                         then renamed over it; prints the bytes written.
+  snapshot restore FILE [--force]        load a backup into a fresh cluster (admin token).
+                                         A cluster that holds any state is refused unless
+                                         --force (which replaces it). Tokens never go down.
   keygen [--private F] [--public F] [--force]
         write a new Ed25519 key pair for signed fencing tokens (needs no cluster):
         the private key (default lockd-signing.pem, mode 0600) for every lockd
@@ -75,8 +89,17 @@ Global flags (also accepted after the command):
                      use the client ID the lock was acquired with.
   -o text|json       output format (default text)
   --timeout D        how long to look for a leader and wait for replies (default 10s);
-                     acquire and run add --wait to it
+                     acquire and run add --wait to it; it also bounds a snapshot transfer
+  --auth-token T     bearer token, when the cluster runs with --auth-file (env LOCKD_TOKEN;
+                     prefer the environment: the command line is visible to other users).
+                     Not --token, which is the fencing token of release and renew.
+  --cacert FILE      PEM CA certificate(s) to verify the members' HTTPS certificates
+                     (env LOCKD_CACERT; default: the system roots)
+  --cert FILE        PEM client certificate, for members that require one (mTLS) (env LOCKD_CERT)
+  --key FILE         PEM private key of --cert (env LOCKD_KEY)
   --version          print the version and exit
+
+An endpoint without a scheme gets https:// when --cacert or --cert is set, else http://.
 
 Exit codes:
   0  success (run: CMD's own exit code)
@@ -86,6 +109,9 @@ Exit codes:
   4  lock not acquired: held by another client, or the wait timed out
   5  not the holder of the lock, or the session expired / does not exist
   6  no leader: no member could name a leader or none answered within --timeout
+     (a TLS failure, such as an untrusted certificate, shows up here too)
+  7  not authorized: no token or an unknown one (401 unauthenticated), or the
+     token lacks the access the command needs (403 permission_denied)
 `
 
 func main() {
@@ -99,6 +125,10 @@ type globals struct {
 	output    string
 	timeout   time.Duration
 	version   bool
+	token     string
+	cacert    string
+	cert      string
+	key       string
 }
 
 func versionString() string {
@@ -113,7 +143,8 @@ func versionString() string {
 
 // lockctl runs one command line and returns the exit code.
 func lockctl(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	g := globals{endpoints: getenv("LOCKD_ENDPOINTS")}
+	g := globals{endpoints: getenv("LOCKD_ENDPOINTS"), token: getenv("LOCKD_TOKEN"),
+		cacert: getenv("LOCKD_CACERT"), cert: getenv("LOCKD_CERT"), key: getenv("LOCKD_KEY")}
 	if g.endpoints == "" {
 		g.endpoints = "http://127.0.0.1:7070"
 	}
@@ -153,6 +184,8 @@ func lockctl(ctx context.Context, args []string, getenv func(string) string, std
 		return e.run(ctx, rest)
 	case "keygen":
 		return e.keygen(ctx, rest)
+	case "snapshot":
+		return e.snapshot(ctx, rest)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
@@ -177,16 +210,68 @@ type env struct {
 }
 
 func (e *env) endpoints() []string {
+	scheme := "http://"
+	if e.g.cacert != "" || e.g.cert != "" {
+		scheme = "https://"
+	}
 	var out []string
 	for _, s := range strings.Split(e.g.endpoints, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			if !strings.Contains(s, "://") {
-				s = "http://" + s
+				s = scheme + s
 			}
 			out = append(out, s)
 		}
 	}
 	return out
+}
+
+// setupError is a failure to read a file named by a flag (exit 1, not 2).
+type setupError struct{ err error }
+
+func (s *setupError) Error() string { return s.err.Error() }
+func (s *setupError) Unwrap() error { return s.err }
+
+// tlsConfig builds the TLS settings from --cacert, --cert and --key; nil
+// when none is set (https:// endpoints then use the system roots).
+func (e *env) tlsConfig() (*tls.Config, error) {
+	g := e.g
+	if g.cacert == "" && g.cert == "" && g.key == "" {
+		return nil, nil
+	}
+	if (g.cert == "") != (g.key == "") {
+		return nil, errors.New("--cert and --key go together (client certificate and its key)")
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if g.cacert != "" {
+		pem, err := os.ReadFile(g.cacert)
+		if err != nil {
+			return nil, &setupError{fmt.Errorf("--cacert: %w", err)}
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, &setupError{fmt.Errorf("--cacert %s: no PEM certificate in the file", g.cacert)}
+		}
+	}
+	if g.cert != "" {
+		kp, err := tls.LoadX509KeyPair(g.cert, g.key)
+		if err != nil {
+			return nil, &setupError{fmt.Errorf("--cert %s / --key %s: %w", g.cert, g.key, err)}
+		}
+		cfg.Certificates = []tls.Certificate{kp}
+	}
+	return cfg, nil
+}
+
+// setupFailed reports an error building the client: a bad flag (exit 2) or
+// an unreadable certificate file (exit 1).
+func (e *env) setupFailed(err error) int {
+	var se *setupError
+	if errors.As(err, &se) {
+		fmt.Fprintf(e.stderr, "lockctl: %v\n", err)
+		return exitError
+	}
+	return usageErr(e.stderr, err)
 }
 
 func (e *env) clientID() string {
@@ -197,5 +282,9 @@ func (e *env) clientID() string {
 }
 
 func (e *env) api() (*client.API, error) {
-	return client.NewAPI(client.APIConfig{Endpoints: e.endpoints()})
+	tc, err := e.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	return client.NewAPI(client.APIConfig{Endpoints: e.endpoints(), TLSConfig: tc, Token: e.g.token})
 }

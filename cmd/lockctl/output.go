@@ -17,6 +17,8 @@ func exitCode(err error) int {
 	switch {
 	case err == nil:
 		return exitOK
+	case errors.Is(err, client.ErrUnauthenticated), errors.Is(err, client.ErrPermissionDenied):
+		return exitAuth
 	case errors.Is(err, client.ErrLockHeld), errors.Is(err, client.ErrWaitTimeout):
 		return exitNotAcquired
 	case errors.Is(err, client.ErrNotHolder), errors.Is(err, client.ErrSessionExpired):
@@ -46,12 +48,25 @@ func (e *env) describe(err error, what string) string {
 		msg = ": " + se.API.Message
 	}
 	switch {
+	case errors.Is(err, client.ErrUnauthenticated):
+		if e.g.token == "" {
+			return fmt.Sprintf("%s: unauthenticated: the cluster requires a token; set LOCKD_TOKEN or pass --auth-token%s", what, msg)
+		}
+		return fmt.Sprintf("%s: unauthenticated: the cluster does not know this token (mistyped, or rotated out?)%s", what, msg)
+	case errors.Is(err, client.ErrPermissionDenied):
+		return fmt.Sprintf("%s: permission denied%s", what, msg)
 	case errors.Is(err, client.ErrNoLeader):
 		detail := strings.TrimPrefix(err.Error(), client.ErrNoLeader.Error()+": ")
 		if se != nil && se.API.Message != "" {
 			detail = se.API.Message
 		}
-		return fmt.Sprintf("%s: no leader (tried %s for %v): %s", what, e.g.endpoints, e.g.timeout, detail)
+		hint := ""
+		if strings.Contains(detail, "x509:") || strings.Contains(detail, "tls:") {
+			hint = " (a TLS failure: check --cacert, --cert and --key)"
+		} else if strings.Contains(detail, "server gave HTTP response to HTTPS client") || strings.Contains(detail, "malformed HTTP response") {
+			hint = " (an http/https mismatch: check the endpoints' scheme)"
+		}
+		return fmt.Sprintf("%s: no leader (tried %s for %v): %s%s", what, e.g.endpoints, e.g.timeout, detail, hint)
 	case errors.Is(err, client.ErrLockHeld):
 		return fmt.Sprintf("%s: held by %s", what, holderOf(se))
 	case errors.Is(err, client.ErrWaitTimeout):

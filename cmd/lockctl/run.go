@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -44,6 +45,10 @@ func (e *env) run(ctx context.Context, args []string) int {
 		return usageErr(e.stderr, err)
 	}
 	name := pos[0]
+	tc, err := e.tlsConfig()
+	if err != nil {
+		return e.setupFailed(err)
+	}
 
 	sigCh := make(chan os.Signal, 8)
 	signal.Notify(sigCh, forwarded...)
@@ -59,7 +64,7 @@ func (e *env) run(ctx context.Context, args []string) int {
 	actx, cancel := context.WithTimeout(ctx, e.g.timeout+*wait)
 	defer cancel()
 	go func() {
-		c, l, err := e.runAcquire(actx, name, *ttl, *wait, *sessionTTL)
+		c, l, err := e.runAcquire(actx, tc, name, *ttl, *wait, *sessionTTL)
 		resCh <- result{c, l, err}
 	}()
 	var r result
@@ -146,12 +151,13 @@ wait:
 }
 
 // runAcquire opens the session and takes the lock.
-func (e *env) runAcquire(ctx context.Context, name string, ttl, wait, sessionTTL time.Duration) (*client.Client, *client.Lock, error) {
+func (e *env) runAcquire(ctx context.Context, tc *tls.Config, name string, ttl, wait, sessionTTL time.Duration) (*client.Client, *client.Lock, error) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if e.getenv("LOCKCTL_DEBUG") != "" {
 		logger = slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	c, err := client.New(ctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL, Logger: logger})
+	c, err := client.New(ctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL, Logger: logger,
+		TLSConfig: tc, Token: e.g.token})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/locktable"
 )
 
@@ -65,7 +66,21 @@ type config struct {
 	maxStreams   int           // concurrent event streams; more get 503
 	writeTimeout time.Duration // bound on one write to a stream
 	now          func() time.Time
+	auth         *auth.Store // nil: no authentication
 }
+
+// Option configures the dashboard.
+type Option func(*config)
+
+// WithAuth protects the dashboard's data (/ui/events, /ui/snapshot) with
+// the client API's bearer tokens: a token needs read access to every lock
+// (a "read" permission on the empty prefix, or more), since the page lists
+// them all. A nil store leaves the dashboard open, as the API is then.
+//
+// The token comes in the Authorization header or, because a browser's
+// EventSource cannot send headers, in the access_token query parameter.
+// The page itself and its assets carry no data and need no token.
+func WithAuth(s *auth.Store) Option { return func(c *config) { c.auth = s } }
 
 func defaultConfig() config {
 	return config{pollInterval: DefaultPollInterval, heartbeat: DefaultHeartbeat,
@@ -76,8 +91,12 @@ func defaultConfig() config {
 // New returns the dashboard handler. Mount it on "GET /ui/"; it serves
 // /ui/ (the page and its assets), /ui/events (the live stream) and
 // /ui/snapshot (one snapshot as JSON, for scripts and curl).
-func New(src Source, logger *slog.Logger) http.Handler {
-	return newHandler(src, logger, defaultConfig())
+func New(src Source, logger *slog.Logger, opts ...Option) http.Handler {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return newHandler(src, logger, cfg)
 }
 
 type handler struct {
@@ -136,12 +155,45 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 	_ = json.NewEncoder(w).Encode(api.ErrorReply{Error: api.Error{Code: code, Message: msg}})
 }
 
+// authorize checks the bearer token when authentication is on, answering
+// 401 or 403 itself (with the CORS header, so that a page served by another
+// member can read the answer and ask for a token).
+func (h *handler) authorize(w http.ResponseWriter, r *http.Request) bool {
+	if h.cfg.auth == nil {
+		return true
+	}
+	bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		bearer = r.URL.Query().Get("access_token")
+	}
+	id, err := h.cfg.auth.Authenticate(strings.TrimSpace(bearer))
+	if err != nil {
+		h.allowOrigin(w, r)
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("WWW-Authenticate", `Bearer realm="lockd"`)
+		writeError(w, http.StatusUnauthorized, api.CodeUnauthenticated,
+			"the dashboard needs a valid bearer token with read access to every lock (Authorization: Bearer <token>, or ?access_token=<token>)")
+		return false
+	}
+	if !id.Allows(auth.Read, "") {
+		h.allowOrigin(w, r)
+		w.Header().Set("Cache-Control", "no-store")
+		writeError(w, http.StatusForbidden, api.CodePermissionDenied,
+			fmt.Sprintf("token %q lacks read access to every lock (a read permission on the empty prefix), which the dashboard needs", id.Name))
+		return false
+	}
+	return true
+}
+
 // snapshot answers one snapshot as JSON (GET /ui/snapshot).
 func (h *handler) snapshot(w http.ResponseWriter, r *http.Request) {
+	if !h.authorize(w, r) {
+		return
+	}
 	body := h.hub.build(r.Context())
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	h.allowOrigin(w, r, body)
+	h.allowOrigin(w, r)
 	_, _ = w.Write(stamp(body, h.cfg.now()))
 	_, _ = w.Write([]byte("\n"))
 }
@@ -153,6 +205,9 @@ func (h *handler) snapshot(w http.ResponseWriter, r *http.Request) {
 // nothing else was sent for a heartbeat interval, so the page notices a
 // stream that went silent and the server notices a client that went away.
 func (h *handler) events(w http.ResponseWriter, r *http.Request) {
+	if !h.authorize(w, r) {
+		return
+	}
 	rc := http.NewResponseController(w)
 	if !h.hub.join() {
 		w.Header().Set("Retry-After", "5")
@@ -181,8 +236,11 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 	hd.Set("Cache-Control", "no-store")
 	hd.Set("X-Accel-Buffering", "no") // tell reverse proxies not to buffer the stream
 	hd.Set("X-Content-Type-Options", "nosniff")
-	h.allowOrigin(w, r, f.body)
+	h.allowOrigin(w, r)
 	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
 
 	write := func(b []byte) bool {
 		_ = rc.SetWriteDeadline(h.cfg.now().Add(h.cfg.writeTimeout)) // unsupported on some writers: fine
@@ -231,23 +289,19 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 // member when one dies. Only the origins of the members' published HTTP
 // addresses are allowed, so an unrelated web site open in the operator's
 // browser cannot read the lock table.
-func (h *handler) allowOrigin(w http.ResponseWriter, r *http.Request, body []byte) {
+func (h *handler) allowOrigin(w http.ResponseWriter, r *http.Request) {
 	origin := r.Header.Get("Origin")
 	if origin == "" {
 		return
 	}
 	w.Header().Add("Vary", "Origin")
-	var s struct {
-		Cluster struct {
-			Members []struct {
-				HTTPAddr string `json:"http_addr"`
-			} `json:"members"`
-		} `json:"cluster"`
-	}
-	if json.Unmarshal(body, &s) != nil {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	cs, err := h.hub.src.Cluster(ctx)
+	if err != nil {
 		return
 	}
-	for _, m := range s.Cluster.Members {
+	for _, m := range cs.Members {
 		if o := originOf(m.HTTPAddr); o != "" && strings.EqualFold(o, origin) {
 			w.Header().Set("Access-Control-Allow-Origin", origin)
 			return
@@ -302,10 +356,12 @@ type Lock struct {
 	Name     string `json:"name"`
 	Held     bool   `json:"held"`
 	ClientID string `json:"client_id,omitempty"`
-	// SessionID is set for a lock held through a session.
-	SessionID string `json:"session_id,omitempty"`
-	Token     uint64 `json:"fencing_token,omitempty"`
-	TTLms     int64  `json:"ttl_ms,omitempty"`
+	// Session is set for a lock held through a session: the first
+	// characters of its id, enough to tell sessions apart on the page (the
+	// whole id would let a viewer act as the session).
+	Session string `json:"session,omitempty"`
+	Token   uint64 `json:"fencing_token,omitempty"`
+	TTLms   int64  `json:"ttl_ms,omitempty"`
 	// ExpiresAt is unix ms on the leader's clock; 0 for a lock with no TTL
 	// of its own (it lives as long as its session).
 	ExpiresAt int64 `json:"expires_at,omitempty"`
@@ -441,7 +497,7 @@ func (h *hub) build(ctx context.Context) []byte {
 	for _, li := range infos {
 		l := Lock{Name: li.Name, Held: li.Held, Waiters: li.Waiters}
 		if li.Held {
-			l.ClientID, l.SessionID, l.Token, l.TTLms, l.ExpiresAt = li.ClientID, li.SessionID, li.Token, li.TTLms, li.ExpiresAt
+			l.ClientID, l.Session, l.Token, l.TTLms, l.ExpiresAt = li.ClientID, shortID(li.SessionID), li.Token, li.TTLms, li.ExpiresAt
 		}
 		s.Locks = append(s.Locks, l)
 	}
@@ -451,4 +507,13 @@ func (h *hub) build(ctx context.Context) []byte {
 		return []byte(`{"cluster_error":` + strconv.Quote(err.Error()) + `}`)
 	}
 	return body
+}
+
+// shortID shortens a session id for display.
+func shortID(id string) string {
+	const n = 8
+	if len(id) <= n {
+		return id
+	}
+	return id[:n] + "…"
 }

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/locktable"
 )
 
@@ -163,7 +166,7 @@ func TestSnapshotContents(t *testing.T) {
 			s.LocksTotal, s.LocksLimit, len(s.Locks), s.Held, s.Waiters, s.Sessions, s.LastToken)
 	}
 	want := []Lock{
-		{Name: "a/nightly", Held: true, ClientID: "cron", SessionID: "s1", Token: 2},
+		{Name: "a/nightly", Held: true, ClientID: "cron", Session: "s1", Token: 2},
 		{Name: "b/payments", Held: true, ClientID: "worker-7", Token: 1, TTLms: 30000, ExpiresAt: t0 + 30000, Waiters: 1},
 	}
 	for i := range want {
@@ -407,5 +410,80 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 			t.Fatalf("condition not met within %s", d)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestAuth(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	path := filepath.Join(t.TempDir(), "tokens.json")
+	if err := os.WriteFile(path, []byte(`{"tokens": [
+	  {"name": "ops", "token": "ops-token-0123456789", "permissions": [{"prefix": "", "access": "read"}]},
+	  {"name": "billing", "token": "billing-token-0123456789", "permissions": [{"prefix": "billing/", "access": "admin"}]}
+	]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	store, err := auth.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.auth = store
+	srv := httptest.NewServer(newHandler(newFake(), nil, cfg))
+	defer srv.Close()
+	client := &http.Client{Timeout: 5 * time.Second}
+
+	get := func(path, header, origin string) (*http.Response, string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+path, nil)
+		if header != "" {
+			req.Header.Set("Authorization", "Bearer "+header)
+		}
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.Header.Get("Content-Type") == "text/event-stream" {
+			ev, err := (&sseReader{r: bufio.NewReader(resp.Body)}).next() // the first event only
+			if err != nil {
+				t.Fatal(err)
+			}
+			return resp, ev.data
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+
+	// The page carries no data and needs no token.
+	if resp, _ := get("/ui/", "", ""); resp.StatusCode != 200 {
+		t.Errorf("/ui/ without a token: %d", resp.StatusCode)
+	}
+	for _, path := range []string{"/ui/snapshot", "/ui/events"} {
+		resp, body := get(path, "", "http://127.0.0.1:7170")
+		if resp.StatusCode != 401 || !strings.Contains(body, api.CodeUnauthenticated) || resp.Header.Get("WWW-Authenticate") == "" {
+			t.Errorf("%s without a token: %d %s", path, resp.StatusCode, body)
+		}
+		// A page on another member can read the refusal and ask for a token.
+		if resp.Header.Get("Access-Control-Allow-Origin") != "http://127.0.0.1:7170" {
+			t.Errorf("%s: 401 without the CORS header", path)
+		}
+		if resp, body := get(path+"?access_token=wrong-token-0123456789", "", ""); resp.StatusCode != 401 {
+			t.Errorf("%s with a wrong token: %d %s", path, resp.StatusCode, body)
+		}
+		// Admin on a prefix is not read access to every lock.
+		if resp, body := get(path, "billing-token-0123456789", ""); resp.StatusCode != 403 || !strings.Contains(body, api.CodePermissionDenied) {
+			t.Errorf("%s with a prefix-only token: %d %s", path, resp.StatusCode, body)
+		}
+		if resp, body := get(path, "ops-token-0123456789", ""); resp.StatusCode != 200 || !strings.Contains(body, `"leader_id":"n1"`) {
+			t.Errorf("%s with the header: %d %s", path, resp.StatusCode, body)
+		}
+		if resp, body := get(path+"?access_token=ops-token-0123456789", "", ""); resp.StatusCode != 200 || !strings.Contains(body, `"leader_id":"n1"`) {
+			t.Errorf("%s with ?access_token: %d %s", path, resp.StatusCode, body)
+		}
 	}
 }

@@ -48,6 +48,18 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 	return res
 }
 
+// raise records that everything up to idx is reflected in the table (after
+// a barrier or a restore), waking readers.
+func (f *fsm) raise(idx uint64) {
+	f.waitMu.Lock()
+	if idx > f.applied.Load() {
+		f.applied.Store(idx)
+		close(f.appliedCh)
+		f.appliedCh = make(chan struct{})
+	}
+	f.waitMu.Unlock()
+}
+
 func (f *fsm) advance(idx uint64) {
 	f.applied.Store(idx)
 	f.waitMu.Lock()

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"testing"
@@ -112,4 +113,29 @@ func post2(t *testing.T, url string, body []byte) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// TestReadAfterRestore: a linearizable read right after a restore answers
+// (the restored state stands for log entries that are no longer in the log).
+func TestReadAfterRestore(t *testing.T) {
+	src := testutil.NewCluster(t, 1, testutil.Options{})
+	l := src.WaitLeader(10 * time.Second)
+	testutil.Post(lockURL(l, "x", "acquire"), map[string]any{"client_id": "a", "ttl_ms": 600000})
+	resp, err := http.Get(l.URL() + "/api/v1/snapshot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	backup, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, force := range []string{"", "?force=true"} {
+		if code := post2(t, l.URL()+"/api/v1/snapshot/restore"+force, backup); force != "" && code != 200 {
+			t.Fatalf("restore: %d", code)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		r := testutil.Call(ctx, http.MethodGet, lockURL(l, "x", ""), nil)
+		cancel()
+		if r.Status != 200 || r.Str("client_id") != "a" {
+			t.Fatalf("read after restore: %d %s", r.Status, r.Raw)
+		}
+	}
 }

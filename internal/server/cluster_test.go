@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/server"
 	"github.com/lockd/lockd/internal/testutil"
 )
 
@@ -239,5 +241,29 @@ func TestMembershipChangesWhileServing(t *testing.T) {
 	}
 	if r := acquireRetrying(c, "m4", "d", 60000, 0); r.Status != 200 {
 		t.Fatalf("acquire with one of three down: %s", r.Raw)
+	}
+}
+
+// TestWALLogStore runs a cluster on raft-wal, restarts a member on it, and
+// checks a data dir refuses the other backend.
+func TestWALLogStore(t *testing.T) {
+	c := testutil.NewCluster(t, 3, testutil.Options{LogStore: "wal"})
+	l := c.WaitLeader(10 * time.Second)
+	r := testutil.Post(lockURL(l, "w", "acquire"), map[string]any{"client_id": "a", "ttl_ms": 60000})
+	if r.Status != 200 {
+		t.Fatal(r.Raw)
+	}
+	c.Kill(l.ID)
+	c.Restart(l.ID)
+	waitFor(t, 10*time.Second, "restarted member to have the lock", func() bool {
+		var li locktable.LockInfo
+		c.Members[l.ID].Srv.View(func(tab *locktable.Table) { li = tab.Get("w") })
+		return li.ClientID == "a" && li.Token == r.Uint("fencing_token")
+	})
+	m := c.Members[l.ID]
+	c.Kill(l.ID)
+	_, err := server.New(server.Config{ID: m.ID, DataDir: m.Dir, HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", LogStore: "bolt"})
+	if err == nil || !strings.Contains(err.Error(), "wal") {
+		t.Fatalf("a wal data dir opened with bolt: %v", err)
 	}
 }

@@ -42,7 +42,7 @@ type Config struct {
 	SnapshotThreshold  uint64
 	SnapshotInterval   time.Duration
 	TrailingLogs       uint64
-	LogStore           string // "bolt" (default) or "memory" (tests)
+	LogStore           string // "bolt" (default), "wal", or "memory" (tests)
 
 	Logger       *slog.Logger
 	RaftLogLevel string
@@ -175,8 +175,8 @@ func (c *Config) Validate() error {
 		(c.PeerTLS.Cert == "" || c.PeerTLS.Key == "" || c.PeerTLS.CA == "") {
 		errs = append(errs, errors.New("Raft mutual TLS needs all of --peer-cert, --peer-key and --peer-ca"))
 	}
-	if c.LogStore != "" && c.LogStore != "bolt" && c.LogStore != "memory" {
-		errs = append(errs, fmt.Errorf("log store %q: want bolt or memory", c.LogStore))
+	if c.LogStore != "" && c.LogStore != "bolt" && c.LogStore != "wal" && c.LogStore != "memory" {
+		errs = append(errs, fmt.Errorf("--log-store %q: want bolt or wal", c.LogStore))
 	}
 	return errors.Join(errs...)
 }

@@ -21,12 +21,13 @@
     attempt: 0,
     lastEvent: 0,
     live: false,
+    gen: 0,             // connection attempt counter
     openTimer: 0,
     retryTimer: 0,
     following: false,   // the page left its first member: prefer the leader
     upgraded: new Set(), // leader+term already tried while following
     members: new Map(), // origin -> member id, learned from snapshots
-    unreachable: new Set(), // origins this browser failed to read from
+    unreachable: new Map(), // origin this browser failed to read from -> term then
     ttlCells: [],       // [cell, expiresAt, ttlMs] for the countdown
   };
 
@@ -100,15 +101,42 @@
     clearTimeout(st.retryTimer);
   }
 
+  // connect first asks the member for one snapshot (fetch shows what an
+  // EventSource hides: a 401 or 403 when authentication is on), then opens
+  // its event stream.
   function connect(base) {
     clearTimers();
     if (st.es) st.es.close();
+    st.es = null;
     st.base = base;
     st.live = false;
+    const gen = ++st.gen; // results of an earlier attempt are ignored
     setConn('connecting', 'Connecting to ' + label(base) + '…');
+    const ac = new AbortController();
+    st.openTimer = setTimeout(() => ac.abort(), OPEN_TIMEOUT_MS);
+    fetch(withToken(base + '/ui/snapshot'), { cache: 'no-store', signal: ac.signal })
+      .then((resp) => {
+        if (gen !== st.gen) return undefined;
+        clearTimeout(st.openTimer);
+        if (resp.status === 401 || resp.status === 403) {
+          return resp.json().catch(() => ({})).then((body) => {
+            if (gen === st.gen) askToken(base, resp.status, body);
+          });
+        }
+        if (!resp.ok) throw new Error('HTTP ' + resp.status);
+        showTokenForm(false);
+        openStream(base, gen);
+        return undefined;
+      })
+      .catch(() => {
+        if (gen === st.gen) fail(base, null);
+      });
+  }
+
+  function openStream(base, gen) {
     let es;
     try {
-      es = new EventSource(base + '/ui/events');
+      es = new EventSource(withToken(base + '/ui/events'));
     } catch (e) {
       fail(base, null);
       return;
@@ -146,9 +174,53 @@
     });
     // EventSource retries by itself, but only the same member: take over.
     es.onerror = () => {
-      if (es === st.es) fail(base, es);
+      if (es === st.es && gen === st.gen) fail(base, es);
     };
   }
+
+  // ---- authentication -------------------------------------------------
+
+  // With authentication on, the page needs a token with read access to
+  // every lock. It is kept for this tab only (sessionStorage) and sent as
+  // ?access_token=, since an EventSource cannot send headers.
+  const TOKEN_KEY = 'lockd.dashboard.token';
+
+  function token() {
+    try {
+      return sessionStorage.getItem(TOKEN_KEY) || '';
+    } catch (e) {
+      return '';
+    }
+  }
+
+  function withToken(url) {
+    const t = token();
+    return t ? url + '?access_token=' + encodeURIComponent(t) : url;
+  }
+
+  function showTokenForm(show) {
+    $('auth').hidden = !show;
+  }
+
+  function askToken(base, status, body) {
+    const msg = body && body.error && body.error.message;
+    setConn('lost', status === 401 ? 'Token required' : 'Access denied');
+    $('auth-text').textContent = (status === 401 && !token())
+      ? label(base) + ' requires a bearer token with read access to every lock.'
+      : (msg || 'The token was refused.');
+    showTokenForm(true);
+    $('auth-token').focus();
+  }
+
+  $('auth').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    try {
+      sessionStorage.setItem(TOKEN_KEY, $('auth-token').value.trim());
+    } catch (e) { /* storage disabled: nothing to keep it in */ }
+    $('auth-token').value = '';
+    st.attempt = 0;
+    connect(st.base);
+  });
 
   function fail(base, es) {
     if (es) es.close();
@@ -156,11 +228,12 @@
     st.es = null;
     st.live = false;
     st.following = true;
-    st.unreachable.add(base);
+    st.unreachable.set(base, st.snap && st.snap.cluster ? st.snap.cluster.term : 0);
     const order = candidates(base);
     const next = order[st.attempt % order.length];
     const delay = Math.min(MAX_BACKOFF_MS, 200 * Math.pow(1.6, st.attempt)) * (0.8 + 0.4 * Math.random());
     st.attempt++;
+    console.info('lockd dashboard: lost the stream from ' + base + '; next try ' + next + ' in ' + Math.round(delay) + ' ms');
     setConn('lost', 'Lost ' + label(base) + ' · trying ' + label(next) + '…');
     if (st.snap) render(st.snap); // mark the member unreachable
     clearTimers();
@@ -174,6 +247,24 @@
     const limit = (st.snap.heartbeat_ms || 10000) * 2.5 + 2000;
     if (Date.now() - st.lastEvent > limit) fail(st.base, st.es);
   }, 1000);
+
+  // A member marked unreachable is probed (GET /healthz, an opaque
+  // no-cors request: only whether it answers matters) and unmarked once it
+  // answers again, e.g. after a restart.
+  setInterval(() => {
+    for (const o of st.unreachable.keys()) {
+      if (o === st.base && !st.live) continue; // being retried already
+      const ac = new AbortController();
+      const timer = setTimeout(() => ac.abort(), 2000);
+      fetch(o + '/healthz', { mode: 'no-cors', cache: 'no-store', signal: ac.signal })
+        .then(() => {
+          st.unreachable.delete(o);
+          if (st.snap) render(st.snap);
+        })
+        .catch(() => { /* still down */ })
+        .finally(() => clearTimeout(timer));
+    }
+  }, 3000);
 
   // ---- rendering ------------------------------------------------------
 
@@ -194,8 +285,11 @@
     // on purpose stays there.
     const lead = originOf(s.cluster && s.cluster.leader_http);
     const key = lead + '#' + (s.cluster && s.cluster.term);
-    if (st.following && s.stale && lead && lead !== st.base && !st.upgraded.has(key)) {
+    const deadSince = st.unreachable.get(lead);
+    const dead = deadSince !== undefined && (s.cluster.term || 0) <= deadSince;
+    if (st.following && s.stale && lead && lead !== st.base && !dead && !st.upgraded.has(key)) {
       st.upgraded.add(key);
+      console.info('lockd dashboard: following the leader ' + (s.cluster.leader_id || '') + ' at ' + lead);
       connect(lead);
     }
   }
@@ -275,11 +369,7 @@
       const holder = el('td', 'holder');
       if (l.held) {
         holder.append(el('span', 'mono', l.client_id));
-        if (l.session_id) {
-          const sid = el('span', 'sub', 'session ' + l.session_id.slice(0, 8));
-          sid.title = l.session_id;
-          holder.append(sid);
-        }
+        if (l.session) holder.append(el('span', 'sub', 'session ' + l.session));
       } else {
         holder.append(el('span', 'muted', 'free'));
       }
