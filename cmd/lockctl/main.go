@@ -65,6 +65,8 @@ Commands:
   snapshot restore FILE [--force]        load a backup into a fresh cluster (admin token).
                                          A cluster that holds any state is refused unless
                                          --force (which replaces it). Tokens never go down.
+  bench [--clients 16] [--locks 16] [--duration 10s] [--mode session|http]
+        clients loop acquire → release; prints cycles/s and acquire/release latency
   keygen [--private F] [--public F] [--force]
         write a new Ed25519 key pair for signed fencing tokens (needs no cluster):
         the private key (default lockd-signing.pem, mode 0600) for every lockd
@@ -186,6 +188,8 @@ func lockctl(ctx context.Context, args []string, getenv func(string) string, std
 		return e.keygen(ctx, rest)
 	case "snapshot":
 		return e.snapshot(ctx, rest)
+	case "bench":
+		return e.bench(ctx, rest)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
