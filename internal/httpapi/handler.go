@@ -409,7 +409,12 @@ func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify
 				Error: &api.Error{Code: api.CodeWaitTimeout, Message: "timed out waiting for lock " + name}})
 			return false, api.CodeWaitTimeout
 		case <-r.Context().Done():
-			return false, "client_gone" // its wait ends at its deadline
+			// The client left, or this member is stopping (Close cancels every
+			// request). Never return without a reply: net/http would send an
+			// empty 200, which reads as a grant. The queue place is kept until
+			// the wait deadline, so a retry on the leader keeps it.
+			writeError(w, &apiError{code: api.CodeNoLeader, msg: "this member stopped serving while the acquire waited; retry on the leader (the queue place is kept until the wait deadline)"})
+			return false, "client_gone"
 		}
 	}
 }

@@ -1,0 +1,224 @@
+package chaos
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// OpKind names what an operation did.
+type OpKind string
+
+// Operation kinds recorded in a history.
+const (
+	KindAcquire OpKind = "acquire"
+	KindRelease OpKind = "release"
+	KindRenew   OpKind = "renew"
+	KindRead    OpKind = "read"  // linearizable GET /api/v1/locks/{name}
+	KindFence   OpKind = "fence" // PUT to fencestore with the holder's token
+)
+
+// Outcome is what the client learned.
+type Outcome string
+
+// Outcomes. Unknown means the request may or may not have taken effect: a
+// timeout, a connection reset after the request was sent, a 503 (the server
+// cannot always tell whether it proposed), a client-side give-up. Fail is a
+// definite refusal (a 409, or nothing was sent: connection refused).
+const (
+	Ok      Outcome = "ok"
+	Fail    Outcome = "fail"
+	Unknown Outcome = "unknown"
+)
+
+// Op is one operation of a history. Times are nanoseconds since the run's
+// monotonic base, taken just before the request was sent (Invoke) and just
+// after its reply was read or the client gave up (Return).
+type Op struct {
+	ID     int    `json:"id"`
+	Worker string `json:"worker"` // which workload goroutine
+	Via    string `json:"via"`    // "http" (raw API), "client" (Go client, WebSocket), "nemesis"
+	Kind   OpKind `json:"kind"`
+	Lock   string `json:"lock"` // lock name; the object key for fence writes
+	// ClientID is the lock client: holder identity on the server.
+	ClientID string `json:"client_id,omitempty"`
+	// Attempt groups the retries of one logical acquire (same client id):
+	// the grant may come from any of them.
+	Attempt int64  `json:"attempt,omitempty"`
+	TTLms   int64  `json:"ttl_ms,omitempty"`
+	WaitMs  int64  `json:"wait_ms,omitempty"`
+	Token   uint64 `json:"token,omitempty"` // input token (release, renew, fence)
+
+	Invoke  int64   `json:"invoke"`
+	Return  int64   `json:"return"`
+	Outcome Outcome `json:"outcome"`
+	Code    string  `json:"code,omitempty"` // error code of a definite refusal
+	Status  int     `json:"status,omitempty"`
+	Err     string  `json:"err,omitempty"`
+
+	// Output.
+	OutToken uint64 `json:"out_token,omitempty"` // acquire/read: the grant's token; fence 409: highest
+	Holder   string `json:"holder,omitempty"`    // read: holder; lock_held: who holds it
+	Held     bool   `json:"held,omitempty"`      // read
+	Waiters  int    `json:"waiters,omitempty"`   // read
+	// ExpiryLB is, for an acquire or renew that (maybe) took effect, the
+	// earliest moment the server may end the grant on its own (TTL,
+	// session): Invoke + TTL less a clock margin, or earlier for grants the
+	// Go client may drop by itself. 0: the grant may end at any time.
+	ExpiryLB int64 `json:"expiry_lb,omitempty"`
+	// Tag marks ops of a scenario: "fifo:R:holder", "fifo:R:w2",
+	// "fifo:R:confirm", "durable:R:I", "durable:R:I:check".
+	Tag string `json:"tag,omitempty"`
+}
+
+func (o Op) String() string {
+	s := fmt.Sprintf("#%d %s %s %s(%s", o.ID, o.Worker, o.Via, o.Kind, o.Lock)
+	if o.ClientID != "" {
+		s += " client=" + o.ClientID
+	}
+	if o.Token != 0 {
+		s += fmt.Sprintf(" token=%d", o.Token)
+	}
+	if o.TTLms != 0 {
+		s += fmt.Sprintf(" ttl=%dms", o.TTLms)
+	}
+	if o.WaitMs != 0 {
+		s += fmt.Sprintf(" wait=%dms", o.WaitMs)
+	}
+	s += fmt.Sprintf(") [%s, %s] → %s", ms(o.Invoke), ms(o.Return), o.Outcome)
+	if o.Code != "" {
+		s += " " + o.Code
+	}
+	switch {
+	case o.Kind == KindRead && o.Outcome == Ok && o.Held:
+		s += fmt.Sprintf(" held by %s token %d waiters %d", o.Holder, o.OutToken, o.Waiters)
+	case o.Kind == KindRead && o.Outcome == Ok:
+		s += fmt.Sprintf(" free waiters %d", o.Waiters)
+	case o.OutToken != 0:
+		s += fmt.Sprintf(" token %d", o.OutToken)
+	}
+	if o.Holder != "" && o.Kind != KindRead {
+		s += " holder " + o.Holder
+	}
+	if o.Err != "" {
+		s += " (" + o.Err + ")"
+	}
+	if o.Tag != "" {
+		s += " tag=" + o.Tag
+	}
+	return s
+}
+
+// ms renders a history time.
+func ms(ns int64) string { return fmt.Sprintf("%.3fs", float64(ns)/1e9) }
+
+// Fault is one nemesis action, from injection to heal.
+type Fault struct {
+	Kind    string   `json:"kind"`
+	Targets []string `json:"targets,omitempty"`
+	Detail  string   `json:"detail,omitempty"`
+	Start   int64    `json:"start"`
+	End     int64    `json:"end"`
+	// Failover is, for faults that take the leader away, the time from
+	// injection to the first write a member answered again (ns); 0 if not
+	// measured.
+	Failover int64  `json:"failover,omitempty"`
+	Err      string `json:"err,omitempty"`
+}
+
+// History is everything a run recorded; it is what the checkers read and
+// what a failed run writes to disk for replay (TestReplay).
+type History struct {
+	Seed     uint64    `json:"seed"`
+	Members  int       `json:"members"`
+	Started  time.Time `json:"started"` // wall time of the monotonic base
+	Duration string    `json:"duration"`
+	Ops      []Op      `json:"ops"`
+	Faults   []Fault   `json:"faults"`
+	// Notes are harness observations that are not operations (liveness
+	// trouble, replica comparison), kept for the reader of a failed run.
+	Notes []string `json:"notes,omitempty"`
+}
+
+// Recorder collects a history from many goroutines. Times come from one
+// monotonic base.
+type Recorder struct {
+	base     time.Time
+	attempts atomic.Int64
+	mu       sync.Mutex
+	ops      []Op
+	faults   []Fault
+	notes    []string
+}
+
+// NewRecorder starts a history now.
+func NewRecorder() *Recorder { return &Recorder{base: time.Now()} }
+
+// Now is the current history time.
+func (r *Recorder) Now() int64 { return int64(time.Since(r.base)) }
+
+// At converts a time.Time (with a monotonic reading) to history time.
+func (r *Recorder) At(t time.Time) int64 { return int64(t.Sub(r.base)) }
+
+// NewAttempt returns a fresh attempt id.
+func (r *Recorder) NewAttempt() int64 { return r.attempts.Add(1) }
+
+// Add appends an op and returns it with its id.
+func (r *Recorder) Add(op Op) Op {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	op.ID = len(r.ops)
+	r.ops = append(r.ops, op)
+	return op
+}
+
+// AddFault appends a nemesis action.
+func (r *Recorder) AddFault(f Fault) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.faults = append(r.faults, f)
+}
+
+// Note records a harness observation.
+func (r *Recorder) Note(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.notes = append(r.notes, fmt.Sprintf("[%s] ", ms(int64(time.Since(r.base))))+fmt.Sprintf(format, args...))
+}
+
+// History returns a copy of what was recorded, ops in invoke order.
+func (r *Recorder) History() History {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := History{Started: r.base, Ops: append([]Op(nil), r.ops...),
+		Faults: append([]Fault(nil), r.faults...), Notes: append([]string(nil), r.notes...)}
+	sort.SliceStable(h.Ops, func(i, j int) bool { return h.Ops[i].Invoke < h.Ops[j].Invoke })
+	for i := range h.Ops {
+		h.Ops[i].ID = i
+	}
+	return h
+}
+
+// WriteJSON writes the history to path.
+func (h History) WriteJSON(path string) error {
+	b, err := json.Marshal(h)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+// ReadHistory loads a history written by WriteJSON.
+func ReadHistory(path string) (History, error) {
+	var h History
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return h, err
+	}
+	err = json.Unmarshal(b, &h)
+	return h, err
+}

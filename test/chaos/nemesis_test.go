@@ -1,0 +1,438 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/testutil"
+)
+
+// Fault kinds the nemesis injects.
+const (
+	FaultKillLeader     = "kill-leader"     // SIGKILL the leader, restart it on its data dir
+	FaultKillFollower   = "kill-follower"   // SIGKILL a follower, restart it
+	FaultPauseLeader    = "pause-leader"    // SIGSTOP the leader for seconds, SIGCONT
+	FaultPauseFollower  = "pause-follower"  // SIGSTOP a follower, SIGCONT
+	FaultIsolateLeader  = "isolate-leader"  // cut every link of the leader
+	FaultPartition      = "partition"       // random majority/minority split
+	FaultOneWayLeader   = "oneway-leader"   // the leader's messages to the others vanish; theirs arrive
+	FaultOneWayRandom   = "oneway-random"   // one random directed pair loses its messages
+	FaultSlowNet        = "slow-net"        // delay and jitter on every link
+	FaultLossyNet       = "lossy-net"       // connections reset at random on every link
+	FaultMembership     = "membership"      // add a member with --join, then remove another (sometimes the leader)
+	FaultCrashAll       = "crash-all"       // SIGKILL every member at once, restart all; durability probes
+	FaultKillLeaderFast = "kill-leader-now" // SIGKILL the leader and restart it at once (crash loop)
+	FaultTermLeader     = "term-leader"     // SIGTERM the leader (graceful: hands leadership over), restart it
+)
+
+// AllFaults is every kind, in the order a schedule cycles through them
+// before shuffling.
+var AllFaults = []string{FaultKillLeader, FaultKillFollower, FaultPauseLeader, FaultPauseFollower,
+	FaultIsolateLeader, FaultPartition, FaultOneWayLeader, FaultOneWayRandom, FaultSlowNet, FaultLossyNet,
+	FaultMembership, FaultCrashAll, FaultKillLeaderFast, FaultTermLeader}
+
+// leaderFaults take the leader away; their failover time is measured.
+var leaderFaults = map[string]bool{FaultKillLeader: true, FaultPauseLeader: true, FaultIsolateLeader: true,
+	FaultOneWayLeader: true, FaultKillLeaderFast: true, FaultTermLeader: true}
+
+// Nemesis injects faults one at a time, each healed before the next, while
+// the workload runs.
+type Nemesis struct {
+	c       *Cluster
+	rec     *Recorder
+	rng     *rand.Rand
+	kinds   []string
+	quiet   time.Duration
+	hc      *http.Client
+	probe   int
+	crashes int
+	// Liveness problems: the cluster did not recover after a heal.
+	stuck []string
+}
+
+// NewNemesis prepares a nemesis over the given fault kinds.
+func NewNemesis(c *Cluster, rec *Recorder, seed uint64, kinds []string) *Nemesis {
+	return &Nemesis{c: c, rec: rec, rng: rand.New(rand.NewPCG(seed, 7)), kinds: kinds,
+		quiet: 700 * time.Millisecond, hc: &http.Client{}}
+}
+
+// Run injects faults until ctx ends. The schedule cycles through the kinds
+// in a seeded random order, so a run long enough does every kind.
+func (n *Nemesis) Run(ctx context.Context) {
+	defer n.hc.CloseIdleConnections()
+	var order []string
+	for ctx.Err() == nil {
+		if len(order) == 0 {
+			order = append([]string(nil), n.kinds...)
+			n.rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		}
+		kind := order[0]
+		order = order[1:]
+		n.inject(ctx, kind)
+		if err := n.c.WaitHealthy(45 * time.Second); err != nil {
+			msg := fmt.Sprintf("after %s: %v", kind, err)
+			n.stuck = append(n.stuck, msg)
+			n.rec.Note("liveness: %s", msg)
+			n.reviveAll()
+			if err := n.c.WaitHealthy(45 * time.Second); err != nil {
+				n.rec.Note("liveness: still not healthy: %v", err)
+				return
+			}
+		}
+		sleep(ctx, n.quiet+jitter(n.rng, 0, time.Second))
+	}
+}
+
+// Stuck returns the liveness failures seen.
+func (n *Nemesis) Stuck() []string { return n.stuck }
+
+// reviveAll undoes every fault: network healed, paused members continued,
+// stopped members restarted.
+func (n *Nemesis) reviveAll() {
+	n.c.HealNet()
+	for _, i := range n.c.Members() {
+		n.c.Resume(i)
+		n.c.mu.Lock()
+		running := n.c.slots[i].running()
+		n.c.mu.Unlock()
+		if !running {
+			if err := n.c.Restart(i); err != nil {
+				n.rec.Note("restart %s: %v", n.c.ID(i), err)
+			}
+		}
+	}
+}
+
+// hold sleeps d unless ctx ends — a fault is always healed, even when the
+// run ends in the middle of it.
+func (n *Nemesis) hold(ctx context.Context, lo, hi time.Duration) { sleep(ctx, jitter(n.rng, lo, hi)) }
+
+func (n *Nemesis) others(of int) []int {
+	var out []int
+	for _, i := range n.c.Members() {
+		if i != of {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func (n *Nemesis) pick(from []int) int { return from[n.rng.IntN(len(from))] }
+
+// failoverProbe measures, from now, how long until some member answers a
+// write again (200, or 409 from a leader). It reports on the returned
+// channel; stop ends it early.
+func (n *Nemesis) failoverProbe(ctx context.Context) (<-chan time.Duration, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	out := make(chan time.Duration, 1)
+	start := time.Now()
+	n.probe++
+	base := n.probe * 100000
+	go func() {
+		defer close(out)
+		eps := n.c.Endpoints()
+		for i := 0; ctx.Err() == nil; i++ {
+			rctx, rcancel := context.WithTimeout(ctx, 250*time.Millisecond)
+			body := fmt.Sprintf(`{"client_id":"probe-%d","ttl_ms":100}`, base+i)
+			req, _ := http.NewRequestWithContext(rctx, http.MethodPost, eps[i%len(eps)]+"/api/v1/locks/chaos-failover-probe/acquire",
+				strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := n.hc.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			rcancel()
+			if err == nil && (resp.StatusCode == 200 || resp.StatusCode == 409) {
+				out <- time.Since(start)
+				return
+			}
+			sleep(ctx, 10*time.Millisecond)
+		}
+	}()
+	return out, cancel
+}
+
+// inject performs one fault and heals it.
+func (n *Nemesis) inject(ctx context.Context, kind string) {
+	f := Fault{Kind: kind, Start: n.rec.Now()}
+	var probe <-chan time.Duration
+	var stopProbe context.CancelFunc = func() {}
+	startProbe := func() { probe, stopProbe = n.failoverProbe(context.Background()) }
+	leader, err := n.c.WaitLeader(ctx, 10*time.Second)
+	if err != nil {
+		f.Err = err.Error()
+		f.End = n.rec.Now()
+		n.rec.AddFault(f)
+		return
+	}
+	// Heal whatever this fault did, however it ends.
+	defer func() {
+		n.reviveAll()
+		if probe != nil {
+			select {
+			case d, ok := <-probe:
+				if ok {
+					f.Failover = int64(d)
+				}
+			case <-time.After(30 * time.Second):
+			}
+			stopProbe()
+		}
+		f.End = n.rec.Now()
+		n.rec.AddFault(f)
+	}()
+	name := n.c.ID
+	switch kind {
+	case FaultKillLeader, FaultKillLeaderFast:
+		f.Targets = []string{name(leader)}
+		n.c.Kill(leader)
+		startProbe()
+		if kind == FaultKillLeader {
+			n.hold(ctx, 500*time.Millisecond, 3*time.Second)
+		}
+		if err := n.c.Restart(leader); err != nil {
+			f.Err = err.Error()
+		}
+	case FaultTermLeader:
+		f.Targets = []string{name(leader)}
+		startProbe()
+		if !n.c.Term(leader, 20*time.Second) {
+			f.Err = "did not exit within 20s of SIGTERM"
+		}
+		n.hold(ctx, 200*time.Millisecond, 2*time.Second)
+		if err := n.c.Restart(leader); err != nil {
+			f.Err = err.Error()
+		}
+	case FaultKillFollower:
+		v := n.pick(n.others(leader))
+		f.Targets = []string{name(v)}
+		n.c.Kill(v)
+		n.hold(ctx, 500*time.Millisecond, 4*time.Second)
+		if err := n.c.Restart(v); err != nil {
+			f.Err = err.Error()
+		}
+	case FaultPauseLeader:
+		f.Targets = []string{name(leader)}
+		n.c.Pause(leader)
+		startProbe()
+		n.hold(ctx, 1500*time.Millisecond, 4*time.Second)
+		n.c.Resume(leader)
+	case FaultPauseFollower:
+		v := n.pick(n.others(leader))
+		f.Targets = []string{name(v)}
+		n.c.Pause(v)
+		n.hold(ctx, time.Second, 4*time.Second)
+		n.c.Resume(v)
+	case FaultIsolateLeader:
+		f.Targets = []string{name(leader)}
+		n.c.Isolate([]int{leader}, n.others(leader))
+		startProbe()
+		n.hold(ctx, 2*time.Second, 5*time.Second)
+	case FaultPartition:
+		members := n.c.Members()
+		n.rng.Shuffle(len(members), func(i, j int) { members[i], members[j] = members[j], members[i] })
+		k := 1 + n.rng.IntN((len(members)-1)/2) // minority size
+		minority, majority := members[:k], members[k:]
+		for _, i := range minority {
+			f.Targets = append(f.Targets, name(i))
+		}
+		f.Detail = "minority"
+		n.c.Isolate(minority, majority)
+		n.hold(ctx, 2*time.Second, 5*time.Second)
+	case FaultOneWayLeader:
+		f.Targets = []string{name(leader)}
+		f.Detail = "leader's messages to every other member vanish"
+		for _, o := range n.others(leader) {
+			n.c.OneWay(leader, o)
+		}
+		startProbe()
+		n.hold(ctx, 2*time.Second, 5*time.Second)
+	case FaultOneWayRandom:
+		members := n.c.Members()
+		a := n.pick(members)
+		b := n.pick(n.others(a))
+		f.Targets = []string{name(a), name(b)}
+		f.Detail = name(a) + "→" + name(b) + " vanishes"
+		n.c.OneWay(a, b)
+		n.hold(ctx, 2*time.Second, 5*time.Second)
+	case FaultSlowNet:
+		// Mostly a slow LAN; one time in three a round trip near or above
+		// the leader lease, so leaders may step down until it heals.
+		d := jitter(n.rng, 10*time.Millisecond, 50*time.Millisecond)
+		if n.rng.IntN(3) == 0 {
+			d = jitter(n.rng, 100*time.Millisecond, 200*time.Millisecond)
+		}
+		j := jitter(n.rng, 0, 30*time.Millisecond)
+		f.Detail = fmt.Sprintf("delay %s jitter %s", d, j)
+		n.c.AllLinks(func(p *testutil.Proxy) { p.SetDelay(d, j) })
+		n.hold(ctx, 3*time.Second, 8*time.Second)
+	case FaultLossyNet:
+		rate := 0.01 + n.rng.Float64()*0.09
+		f.Detail = fmt.Sprintf("reset rate %.2f per chunk", rate)
+		n.c.AllLinks(func(p *testutil.Proxy) { p.SetDropRate(rate) })
+		n.hold(ctx, 3*time.Second, 6*time.Second)
+	case FaultMembership:
+		n.membership(ctx, leader, &f)
+	case FaultCrashAll:
+		n.crashAll(ctx, &f, &probe, &stopProbe)
+	default:
+		f.Err = "unknown fault kind"
+	}
+}
+
+// membership adds a member in a free slot (it joins with --join), then
+// removes another member — the leader one time in three — and wipes it.
+func (n *Nemesis) membership(ctx context.Context, leader int, f *Fault) {
+	added, err := n.c.AddMember(ctx, 30*time.Second)
+	if added >= 0 {
+		f.Targets = append(f.Targets, "+"+n.c.ID(added))
+	}
+	if err != nil {
+		f.Err = err.Error()
+		if added >= 0 {
+			// Take the half-joined member out again so the slot is free.
+			if rerr := n.c.RemoveMember(ctx, added, 30*time.Second); rerr != nil {
+				f.Err += "; undo: " + rerr.Error()
+			}
+		}
+		return
+	}
+	victim := leader
+	if n.rng.IntN(3) != 0 {
+		var cands []int
+		for _, i := range n.others(leader) {
+			if i != added {
+				cands = append(cands, i)
+			}
+		}
+		victim = n.pick(cands)
+	}
+	f.Targets = append(f.Targets, "-"+n.c.ID(victim))
+	if err := n.c.RemoveMember(ctx, victim, 30*time.Second); err != nil {
+		f.Err = err.Error()
+	}
+}
+
+// crashAll takes durability probes, kills every member at once, restarts
+// them all, and reads the probes back. Recovery (kill → first write
+// answered) is measured like a failover.
+func (n *Nemesis) crashAll(ctx context.Context, f *Fault, probe *<-chan time.Duration, stop *context.CancelFunc) {
+	n.crashes++
+	round := n.crashes
+	w := NewWorkload(n.rec, WorkloadOptions{Endpoints: n.c.Endpoints()})
+	w.via = "nemesis"
+	defer w.hc.CloseIdleConnections()
+	rng := rand.New(rand.NewPCG(uint64(round), 11))
+	ep := &endpoint{}
+	type durable struct {
+		lock, cid, tag string
+	}
+	var probes []durable
+	bg := context.WithoutCancel(ctx)
+	for i := 0; i < 6; i++ {
+		d := durable{lock: fmt.Sprintf("durable-%d-%d", round, i), cid: fmt.Sprintf("d-%d-%d", round, i),
+			tag: fmt.Sprintf("durable:%d:%d", round, i)}
+		g := w.acquireChain(bg, ep, rng, "nemesis", d.lock, d.cid, 10*time.Minute, 0, d.tag, 10*time.Second)
+		if g.Outcome != Ok {
+			continue
+		}
+		if i%2 == 1 {
+			w.releaseChain(bg, ep, rng, "nemesis", d.lock, d.cid, g.OutToken, d.tag)
+		}
+		probes = append(probes, d)
+	}
+	members := n.c.Members()
+	for _, i := range members {
+		f.Targets = append(f.Targets, n.c.ID(i))
+	}
+	f.Start = n.rec.Now()
+	for _, i := range members {
+		n.c.Kill(i)
+	}
+	*probe, *stop = n.failoverProbe(context.Background())
+	n.hold(ctx, 200*time.Millisecond, 1500*time.Millisecond)
+	var errs []error
+	for _, i := range members {
+		errs = append(errs, n.c.Restart(i))
+	}
+	errs = append(errs, n.c.WaitHealthy(60*time.Second))
+	if err := errors.Join(errs...); err != nil {
+		f.Err = err.Error()
+	}
+	for _, d := range probes {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			r := w.read(bg, ep, "nemesis", d.lock, d.tag+":check")
+			if r.Outcome == Ok || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	f.Detail = fmt.Sprintf("%d durability probes", len(probes))
+}
+
+// compareReplicas waits until every member has applied the same index and
+// then compares their local lock tables (stale reads) and last tokens:
+// replicas of one log must agree. It returns a description of a
+// difference that persisted, or "".
+func compareReplicas(c *Cluster, d time.Duration) string {
+	deadline := time.Now().Add(d)
+	hc := &http.Client{Timeout: 2 * time.Second}
+	defer hc.CloseIdleConnections()
+	last := "no consistent snapshot of the members could be taken"
+	for time.Now().Before(deadline) {
+		type view struct {
+			id     string
+			st     api.NodeStatus
+			locks  string
+			stable bool
+		}
+		var views []view
+		ok := true
+		for _, i := range c.Members() {
+			st1, err1 := c.Status(i)
+			var list api.LockList
+			code, err := c.getJSON(context.Background(), c.slots[i].url()+"/api/v1/locks?stale=true", &list)
+			st2, err2 := c.Status(i)
+			if err1 != nil || err2 != nil || err != nil || code != 200 || st1.AppliedIndex != st2.AppliedIndex {
+				ok = false
+				break
+			}
+			var sb strings.Builder
+			for _, l := range list.Locks {
+				fmt.Fprintf(&sb, "%s:%t:%s:%d:%s:%d;", l.Lock, l.Held, l.ClientID, l.FencingToken, l.ExpiresAt, l.Waiters)
+			}
+			views = append(views, view{id: c.ID(i), st: st2, locks: sb.String()})
+		}
+		if ok && len(views) > 0 {
+			same := true
+			for _, v := range views[1:] {
+				if v.st.AppliedIndex != views[0].st.AppliedIndex {
+					same = false
+				}
+			}
+			if same {
+				diff := ""
+				for _, v := range views[1:] {
+					if v.locks != views[0].locks || v.st.LastToken != views[0].st.LastToken {
+						diff = fmt.Sprintf("at applied index %d, %s (last token %d) and %s (last token %d) differ:\n%s\n%s",
+							v.st.AppliedIndex, views[0].id, views[0].st.LastToken, v.id, v.st.LastToken, views[0].locks, v.locks)
+					}
+				}
+				if diff == "" {
+					return ""
+				}
+				last = diff
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return last
+}

@@ -1,0 +1,721 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/client"
+)
+
+// WorkloadOptions size the clients.
+type WorkloadOptions struct {
+	Endpoints []string
+	Fence     string // fencestore URL; "" writes nothing
+	Seed      uint64
+	// Raw HTTP lock workers, Go-client (WebSocket session) workers and
+	// linearizable readers. The FIFO prober and the long-lease keeper run
+	// when their flags are set.
+	HTTPWorkers, ClientWorkers, Readers int
+	FIFO, Keeper                        bool
+	// Epoch is how long one set of lock names is used; LocksPerEpoch how
+	// many. Rotating names keeps each porcupine partition short.
+	Epoch         time.Duration
+	LocksPerEpoch int
+}
+
+// Workload runs lock clients against a cluster and records every
+// operation.
+type Workload struct {
+	via  string // Op.Via of the raw HTTP ops
+	opts WorkloadOptions
+	rec  *Recorder
+	hc   *http.Client
+	t0   time.Time
+
+	keeperLock atomic.Value // string
+	fifoLock   atomic.Value // string
+
+	mu      sync.Mutex
+	clients []*client.Client
+}
+
+var errRedirectLoop = errors.New("too many redirects")
+
+// NewWorkload prepares a workload; Run starts it.
+func NewWorkload(rec *Recorder, opts WorkloadOptions) *Workload {
+	tr := &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second,
+		DialContext: (&net.Dialer{Timeout: time.Second}).DialContext}
+	w := &Workload{via: "http", opts: opts, rec: rec, t0: time.Now(),
+		hc: &http.Client{Transport: tr, CheckRedirect: func(_ *http.Request, via []*http.Request) error {
+			if len(via) >= 4 {
+				return errRedirectLoop
+			}
+			return nil
+		}}}
+	w.keeperLock.Store("")
+	w.fifoLock.Store("")
+	return w
+}
+
+// Run runs every worker until ctx ends, then closes the Go clients — after
+// every worker and reader stopped, because closing a client ends its
+// session and releases its locks, which no recorded read must see.
+func (w *Workload) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	spawn := func(f func(ctx context.Context, rng *rand.Rand), n uint64) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(ctx, rand.New(rand.NewPCG(w.opts.Seed, n)))
+		}()
+	}
+	for i := 0; i < w.opts.HTTPWorkers; i++ {
+		id := i
+		spawn(func(ctx context.Context, rng *rand.Rand) { w.httpWorker(ctx, id, rng) }, uint64(100+i))
+	}
+	for i := 0; i < w.opts.ClientWorkers; i++ {
+		id := i
+		spawn(func(ctx context.Context, rng *rand.Rand) { w.clientWorker(ctx, id, rng) }, uint64(200+i))
+	}
+	for i := 0; i < w.opts.Readers; i++ {
+		id := i
+		spawn(func(ctx context.Context, rng *rand.Rand) { w.reader(ctx, id, rng) }, uint64(300+i))
+	}
+	if w.opts.FIFO {
+		spawn(w.fifoProber, 400)
+	}
+	if w.opts.Keeper {
+		spawn(w.keeper, 500)
+	}
+	wg.Wait()
+	w.mu.Lock()
+	cs := w.clients
+	w.clients = nil
+	w.mu.Unlock()
+	for _, c := range cs {
+		_ = c.Close()
+	}
+	w.hc.CloseIdleConnections()
+}
+
+func (w *Workload) lockName(rng *rand.Rand) string {
+	epoch := int(time.Since(w.t0) / w.opts.Epoch)
+	return fmt.Sprintf("e%d-l%d", epoch, rng.IntN(w.opts.LocksPerEpoch))
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func jitter(rng *rand.Rand, lo, hi time.Duration) time.Duration {
+	if hi <= lo {
+		return lo
+	}
+	return lo + time.Duration(rng.Int64N(int64(hi-lo)))
+}
+
+// expiryLB is the earliest moment a grant made by a request sent at inv
+// with ttl can end on its own: the leader stamps the command when it
+// proposes it, which is after the request was sent.
+func expiryLB(inv int64, ttl time.Duration) int64 {
+	return inv + int64(ttl) - int64(clockMargin(ttl))
+}
+
+// reply is the classified answer to one HTTP request.
+type reply struct {
+	status  int
+	body    []byte
+	outcome Outcome
+	code    string
+	err     string
+}
+
+// endpoint keeps a worker's guess of the leader.
+type endpoint struct {
+	hint string
+	next int
+}
+
+// call sends one request to the leader (following 307s), trying other
+// members when a connection is refused — nothing was sent then. The
+// outcome: Ok for 2xx; Fail with the code for a SPEC refusal (409), or
+// without a code when no member took the request; Unknown for everything
+// that may have been proposed (timeouts, resets, 503, 5xx).
+func (w *Workload) call(ctx context.Context, ep *endpoint, method, path string, body any, timeout time.Duration) reply {
+	var payload []byte
+	if body != nil {
+		payload, _ = json.Marshal(body)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	eps := w.opts.Endpoints
+	var last reply
+	for try := 0; try < len(eps)+1; try++ {
+		base := ep.hint
+		if base == "" {
+			base = eps[ep.next%len(eps)]
+			ep.next++
+		}
+		req, err := http.NewRequestWithContext(ctx, method, base+path, bytes.NewReader(payload))
+		if err != nil {
+			return reply{outcome: Fail, err: err.Error()}
+		}
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := w.hc.Do(req)
+		if err != nil {
+			ep.hint = ""
+			if notSent(err) && ctx.Err() == nil {
+				last = reply{outcome: Fail, err: err.Error()}
+				continue
+			}
+			return reply{outcome: Unknown, err: err.Error()}
+		}
+		b, rerr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		r := reply{status: resp.StatusCode, body: b}
+		if rerr != nil {
+			r.outcome, r.err = Unknown, rerr.Error()
+			return r
+		}
+		var er api.ErrorReply
+		_ = json.Unmarshal(b, &er)
+		r.code = er.Error.Code
+		switch {
+		case resp.StatusCode >= 200 && resp.StatusCode < 300:
+			r.outcome, r.code = Ok, ""
+			ep.hint = resp.Request.URL.Scheme + "://" + resp.Request.URL.Host
+		case resp.StatusCode == 409:
+			r.outcome = Fail
+			ep.hint = resp.Request.URL.Scheme + "://" + resp.Request.URL.Host
+		case resp.StatusCode == 503 && strings.HasPrefix(er.Error.Message, "no leader"):
+			// Answered before anything was proposed: this member knows no
+			// leader, or it leads but is not ready (docs/API.md: a 503 after
+			// a proposal says that the outcome is unknown instead).
+			r.outcome, r.code, r.err = Fail, "", "503 "+er.Error.Message
+			ep.hint = ""
+		case resp.StatusCode == 503:
+			r.outcome = Unknown
+			ep.hint = ""
+		case resp.StatusCode == 400 || resp.StatusCode == 500:
+			r.outcome = Unknown // flagged by checkReplies through the code
+		default:
+			r.outcome, r.code = Unknown, "unexpected"
+		}
+		return r
+	}
+	return last
+}
+
+// notSent reports a transport error that proves no member received the
+// request: a refused dial (to the first member or to the redirect target),
+// or a redirect loop (a 307 proposes nothing).
+func notSent(err error) bool {
+	if errors.Is(err, errRedirectLoop) {
+		return true
+	}
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+func lockPath(name, op string) string {
+	p := "/api/v1/locks/" + url.PathEscape(name)
+	if op != "" {
+		p += "/" + op
+	}
+	return p
+}
+
+// acquire sends one acquire and records it.
+func (w *Workload) acquire(ctx context.Context, ep *endpoint, worker, lock, cid string, attempt int64, ttl, wait time.Duration, tag string) Op {
+	ttlMs, waitMs := ttl.Milliseconds(), wait.Milliseconds()
+	op := Op{Worker: worker, Via: w.via, Kind: KindAcquire, Lock: lock, ClientID: cid, Attempt: attempt,
+		TTLms: ttlMs, WaitMs: waitMs, Tag: tag, Invoke: w.rec.Now()}
+	r := w.call(ctx, ep, http.MethodPost, lockPath(lock, "acquire"),
+		api.AcquireRequest{ClientID: cid, TTLms: &ttlMs, WaitTimeoutMs: &waitMs}, wait+2500*time.Millisecond)
+	op.Return = w.rec.Now()
+	op.fill(r)
+	if op.Outcome != Fail {
+		op.ExpiryLB = expiryLB(op.Invoke, ttl)
+	}
+	var ar api.AcquireReply
+	perr := json.Unmarshal(r.body, &ar)
+	switch {
+	case op.Outcome == Ok && (perr != nil || !ar.Acquired || ar.FencingToken == 0):
+		// A 200 that is not a grant: a protocol bug (flagged by
+		// checkReplies); whether the client holds the lock is unknown.
+		op.Outcome, op.Code = Unknown, "unexpected"
+		op.Err = fmt.Sprintf("200 without a grant: %q", r.body)
+	case op.Outcome == Ok:
+		op.OutToken = ar.FencingToken
+	case r.status == 409 && perr == nil:
+		op.Holder = ar.Holder
+		if ar.Error != nil {
+			op.Code = ar.Error.Code
+		}
+	}
+	return w.rec.Add(op)
+}
+
+func (op *Op) fill(r reply) {
+	op.Outcome, op.Code, op.Status, op.Err = r.outcome, r.code, r.status, r.err
+}
+
+// definite reports whether an op's outcome is known.
+func definite(op Op) bool { return op.Outcome == Ok || op.Outcome == Fail && op.Code != "" }
+
+// acquireChain retries one logical acquire (same client id, so the server
+// treats the retries as one) until its outcome is definite or d passes.
+func (w *Workload) acquireChain(ctx context.Context, ep *endpoint, rng *rand.Rand, worker, lock, cid string, ttl, wait time.Duration, tag string, d time.Duration) Op {
+	attempt := w.rec.NewAttempt()
+	deadline := time.Now().Add(d)
+	unknowns := 0
+	for {
+		op := w.acquire(ctx, ep, worker, lock, cid, attempt, ttl, wait, tag)
+		if definite(op) || time.Now().After(deadline) {
+			return op
+		}
+		pause := jitter(rng, 50*time.Millisecond, 150*time.Millisecond)
+		if op.Outcome == Unknown {
+			// Each unknown outcome stays open in the history until its
+			// end (it may take effect late), and many open ones make the
+			// linearizability search explode: give up after a few.
+			if unknowns++; unknowns >= maxUnknownRetries {
+				return op
+			}
+			pause = jitter(rng, 200*time.Millisecond, 500*time.Millisecond)
+		}
+		if !sleep(ctx, pause) {
+			return op
+		}
+	}
+}
+
+// maxUnknownRetries bounds the unknown outcomes of one retry chain.
+const maxUnknownRetries = 3
+
+func (w *Workload) release(ctx context.Context, ep *endpoint, worker, lock, cid string, token uint64, tag string) Op {
+	op := Op{Worker: worker, Via: w.via, Kind: KindRelease, Lock: lock, ClientID: cid, Token: token, Tag: tag, Invoke: w.rec.Now()}
+	r := w.call(ctx, ep, http.MethodPost, lockPath(lock, "release"), api.ReleaseRequest{ClientID: cid, FencingToken: token}, 2500*time.Millisecond)
+	op.Return = w.rec.Now()
+	op.fill(r)
+	var rr api.ReleaseReply
+	if op.Outcome == Ok && (json.Unmarshal(r.body, &rr) != nil || !rr.Released) {
+		op.Outcome, op.Code, op.Err = Unknown, "unexpected", fmt.Sprintf("200 that is not a release: %q", r.body)
+	}
+	return w.rec.Add(op)
+}
+
+// releaseChain retries a release until its outcome is definite (release
+// is idempotent for the client that released).
+func (w *Workload) releaseChain(ctx context.Context, ep *endpoint, rng *rand.Rand, worker, lock, cid string, token uint64, tag string) Op {
+	deadline := time.Now().Add(6 * time.Second)
+	unknowns := 0
+	for {
+		op := w.release(context.WithoutCancel(ctx), ep, worker, lock, cid, token, tag)
+		if definite(op) || time.Now().After(deadline) {
+			return op
+		}
+		pause := jitter(rng, 50*time.Millisecond, 150*time.Millisecond)
+		if op.Outcome == Unknown {
+			if unknowns++; unknowns >= maxUnknownRetries {
+				return op
+			}
+			pause = jitter(rng, 200*time.Millisecond, 500*time.Millisecond)
+		}
+		time.Sleep(pause)
+	}
+}
+
+func (w *Workload) renew(ctx context.Context, ep *endpoint, worker, lock, cid string, token uint64, ttl time.Duration, tag string) Op {
+	ttlMs := ttl.Milliseconds()
+	op := Op{Worker: worker, Via: w.via, Kind: KindRenew, Lock: lock, ClientID: cid, Token: token, TTLms: ttlMs, Tag: tag, Invoke: w.rec.Now()}
+	r := w.call(ctx, ep, http.MethodPost, lockPath(lock, "renew"), api.RenewRequest{ClientID: cid, FencingToken: token, TTLms: &ttlMs}, 2500*time.Millisecond)
+	op.Return = w.rec.Now()
+	op.fill(r)
+	if op.Outcome != Fail {
+		op.ExpiryLB = expiryLB(op.Invoke, ttl)
+	}
+	var rr api.RenewReply
+	if op.Outcome == Ok && (json.Unmarshal(r.body, &rr) != nil || !rr.Renewed) {
+		op.Outcome, op.Code, op.Err = Unknown, "unexpected", fmt.Sprintf("200 that is not a renewal: %q", r.body)
+	}
+	return w.rec.Add(op)
+}
+
+func (w *Workload) read(ctx context.Context, ep *endpoint, worker, lock, tag string) Op {
+	op := Op{Worker: worker, Via: w.via, Kind: KindRead, Lock: lock, Tag: tag, Invoke: w.rec.Now()}
+	r := w.call(ctx, ep, http.MethodGet, lockPath(lock, ""), nil, 2500*time.Millisecond)
+	op.Return = w.rec.Now()
+	op.fill(r)
+	if op.Outcome == Ok {
+		var st api.LockStatus
+		if err := json.Unmarshal(r.body, &st); err != nil || st.Lock != lock {
+			op.Outcome, op.Code = Unknown, "unexpected"
+		} else {
+			op.Held, op.Holder, op.OutToken, op.Waiters = st.Held, st.ClientID, st.FencingToken, st.Waiters
+		}
+	}
+	return w.rec.Add(op)
+}
+
+// fenceWrite writes to the fencestore object named after the lock with
+// the holder's token.
+func (w *Workload) fenceWrite(ctx context.Context, worker, lock, cid string, token uint64) {
+	if w.opts.Fence == "" {
+		return
+	}
+	op := Op{Worker: worker, Via: w.via, Kind: KindFence, Lock: lock, ClientID: cid, Token: token, Invoke: w.rec.Now()}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, w.opts.Fence+"/v1/objects/"+url.PathEscape(lock),
+		bytes.NewReader([]byte(cid+" "+strconv.FormatUint(token, 10))))
+	req.Header.Set(client.HeaderFencingToken, strconv.FormatUint(token, 10))
+	req.Header.Set(client.HeaderFencingLock, lock)
+	resp, err := w.hc.Do(req)
+	op.Return = w.rec.Now()
+	if err != nil {
+		op.Outcome, op.Err = Unknown, err.Error()
+		w.rec.Add(op)
+		return
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	op.Return = w.rec.Now()
+	op.Status = resp.StatusCode
+	switch resp.StatusCode {
+	case 200:
+		op.Outcome = Ok
+	case 409:
+		var sr struct {
+			Error   api.Error `json:"error"`
+			Highest uint64    `json:"highest_token"`
+		}
+		_ = json.Unmarshal(b, &sr)
+		op.Outcome, op.Code, op.OutToken = Fail, sr.Error.Code, sr.Highest
+	default:
+		op.Outcome, op.Code = Unknown, "unexpected"
+	}
+	w.rec.Add(op)
+}
+
+// httpWorker acquires random locks of the current epoch over the raw HTTP
+// API, holds them a little (fencestore writes, renews, reads), and releases
+// them — or lets them expire, or keeps writing past its TTL as a paused
+// client would (the fencestore must then refuse it once a newer holder
+// wrote).
+func (w *Workload) httpWorker(ctx context.Context, id int, rng *rand.Rand) {
+	name := fmt.Sprintf("http%d", id)
+	ep := &endpoint{next: id}
+	for seq := 0; ctx.Err() == nil; seq++ {
+		lock := w.lockName(rng)
+		cid := fmt.Sprintf("h%d-%d", id, seq) // fresh per attempt chain
+		ttl := jitter(rng, 800*time.Millisecond, 3*time.Second)
+		var wait time.Duration
+		if rng.IntN(2) == 0 {
+			wait = jitter(rng, 200*time.Millisecond, 1500*time.Millisecond)
+		}
+		op := w.acquireChain(ctx, ep, rng, name, lock, cid, ttl, wait, "", 8*time.Second)
+		if op.Outcome != Ok {
+			sleep(ctx, jitter(rng, 0, 50*time.Millisecond))
+			continue
+		}
+		w.hold(ctx, ep, rng, name, op, ttl, wait > 0)
+		sleep(ctx, jitter(rng, 0, 30*time.Millisecond))
+	}
+}
+
+func (w *Workload) hold(ctx context.Context, ep *endpoint, rng *rand.Rand, name string, g Op, ttl time.Duration, waited bool) {
+	lock, cid, tok := g.Lock, g.ClientID, g.OutToken
+	until := g.ExpiryLB
+	if waited {
+		// A wait may have eaten most of the TTL counted from the acquire's
+		// send time; a renew now gives the hold a fresh bound.
+		if r := w.renew(ctx, ep, name, lock, cid, tok, ttl, ""); r.Outcome == Ok {
+			until = r.ExpiryLB
+		}
+	}
+	for steps := rng.IntN(4); steps > 0 && ctx.Err() == nil; steps-- {
+		if w.rec.Now() > until-int64(150*time.Millisecond) {
+			break
+		}
+		switch rng.IntN(4) {
+		case 0, 1:
+			w.fenceWrite(ctx, name, lock, cid, tok)
+		case 2:
+			if r := w.renew(ctx, ep, name, lock, cid, tok, ttl, ""); r.Outcome == Ok {
+				until = max(until, r.ExpiryLB)
+			}
+		case 3:
+			w.read(ctx, ep, name, lock, "")
+		}
+		sleep(ctx, jitter(rng, 10*time.Millisecond, 120*time.Millisecond))
+	}
+	switch p := rng.Float64(); {
+	case p < 0.8:
+		w.releaseChain(ctx, ep, rng, name, lock, cid, tok, "")
+	case p < 0.9:
+		// Let it expire.
+	default:
+		// A zombie: keeps working past its lease, as after a long pause.
+		if d := time.Duration(until-w.rec.Now()) + 50*time.Millisecond; d < 3*time.Second {
+			sleep(ctx, d)
+		}
+		w.fenceWrite(ctx, name, lock, cid, tok)
+		w.releaseChain(ctx, ep, rng, name, lock, cid, tok, "")
+	}
+}
+
+// reader sends linearizable reads of the locks in use.
+func (w *Workload) reader(ctx context.Context, id int, rng *rand.Rand) {
+	name := fmt.Sprintf("reader%d", id)
+	ep := &endpoint{next: id}
+	for ctx.Err() == nil {
+		lock := w.lockName(rng)
+		switch p := rng.IntN(10); {
+		case p == 0 && w.keeperLock.Load().(string) != "":
+			lock = w.keeperLock.Load().(string)
+		case p == 1 && w.fifoLock.Load().(string) != "":
+			lock = w.fifoLock.Load().(string)
+		}
+		w.read(ctx, ep, name, lock, "")
+		sleep(ctx, jitter(rng, 5*time.Millisecond, 40*time.Millisecond))
+	}
+}
+
+// keeper holds one lock at a time for about 15 s with a short TTL and
+// regular renews, through whatever the nemesis does: a lock that must
+// survive failovers, readable by everyone.
+func (w *Workload) keeper(ctx context.Context, rng *rand.Rand) {
+	ep := &endpoint{}
+	const ttl = 5 * time.Second
+	for k := 1; ctx.Err() == nil; k++ {
+		lock := fmt.Sprintf("keeper-%d", k)
+		cid := lock + "-c"
+		w.keeperLock.Store(lock)
+		g := w.acquireChain(ctx, ep, rng, "keeper", lock, cid, ttl, 0, "", 10*time.Second)
+		if g.Outcome != Ok {
+			continue
+		}
+		for i := 0; i < 12 && sleep(ctx, 1200*time.Millisecond); i++ {
+			r := w.renew(ctx, ep, "keeper", lock, cid, g.OutToken, ttl, "")
+			for j := 0; j < 5 && !definite(r) && ctx.Err() == nil; j++ {
+				r = w.renew(ctx, ep, "keeper", lock, cid, g.OutToken, ttl, "")
+			}
+			if r.Code == "not_holder" {
+				break
+			}
+			if i%3 == 0 {
+				w.fenceWrite(ctx, "keeper", lock, cid, g.OutToken)
+			}
+		}
+		w.releaseChain(ctx, ep, rng, "keeper", lock, cid, g.OutToken, "")
+	}
+}
+
+// fifoProber runs FIFO rounds (see checkFIFO): a holder takes a fresh lock,
+// waiters queue one by one, each confirmed queued by a linearizable read
+// before the next is sent; then the holder releases and the waiters take
+// the lock in turn.
+func (w *Workload) fifoProber(ctx context.Context, rng *rand.Rand) {
+	ep := &endpoint{}
+	for round := 1; ctx.Err() == nil; round++ {
+		lock := fmt.Sprintf("fifo-%d", round)
+		w.fifoLock.Store(lock)
+		tag := func(s string) string { return fmt.Sprintf("fifo:%d:%s", round, s) }
+		holder := lock + "-h"
+		h := w.acquireChain(ctx, ep, rng, "fifo", lock, holder, 8*time.Second, 0, tag("holder"), 5*time.Second)
+		if h.Outcome != Ok {
+			continue
+		}
+		var wg sync.WaitGroup
+		for j := 1; j <= 3 && ctx.Err() == nil; j++ {
+			wid := fmt.Sprintf("%s-w%d", lock, j)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				wrng := rand.New(rand.NewPCG(uint64(round), uint64(j)))
+				wep := &endpoint{next: j}
+				name := fmt.Sprintf("fifo-w%d", j)
+				const ttl = 2 * time.Second
+				g := w.acquireChain(ctx, wep, wrng, name, lock, wid, ttl, 15*time.Second, tag(fmt.Sprintf("w%d", j)), 20*time.Second)
+				if g.Outcome != Ok {
+					return
+				}
+				w.renew(ctx, wep, name, lock, wid, g.OutToken, ttl, "")
+				time.Sleep(20 * time.Millisecond)
+				w.releaseChain(ctx, wep, wrng, name, lock, wid, g.OutToken, "")
+			}()
+			confirmed := false
+			for deadline := time.Now().Add(3 * time.Second); !confirmed && time.Now().Before(deadline) && ctx.Err() == nil; {
+				r := w.read(ctx, ep, "fifo", lock, tag("confirm"))
+				confirmed = r.Outcome == Ok && r.Held && r.Holder == holder && r.Waiters == j
+				if !confirmed {
+					sleep(ctx, 30*time.Millisecond)
+				}
+			}
+			if !confirmed {
+				break
+			}
+		}
+		w.releaseChain(ctx, ep, rng, "fifo", lock, holder, h.OutToken, tag("release"))
+		wg.Wait()
+		sleep(ctx, jitter(rng, 100*time.Millisecond, 500*time.Millisecond))
+	}
+}
+
+// clientWorker does the same through the public Go client: one session
+// over WebSocket, locks with a TTL of their own.
+func (w *Workload) clientWorker(ctx context.Context, id int, rng *rand.Rand) {
+	name := fmt.Sprintf("client%d", id)
+	var c *client.Client
+	for c == nil {
+		nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var err error
+		c, err = client.New(nctx, client.Config{Endpoints: append([]string(nil), w.opts.Endpoints...),
+			ClientID: fmt.Sprintf("ws%d", id), SessionTTL: 10 * time.Second})
+		cancel()
+		if ctx.Err() != nil {
+			if c != nil {
+				_ = c.Close()
+			}
+			return
+		}
+		if err != nil {
+			c = nil
+			sleep(ctx, 200*time.Millisecond)
+		}
+	}
+	w.mu.Lock()
+	w.clients = append(w.clients, c)
+	w.mu.Unlock()
+	cid := c.ClientID()
+	pending := map[string]int64{} // lock → attempt of an acquire whose outcome is unknown
+	for ctx.Err() == nil {
+		lock := w.lockName(rng)
+		ttl := jitter(rng, time.Second, 3*time.Second)
+		try := rng.IntN(5) < 2
+		var wait time.Duration
+		if !try {
+			wait = jitter(rng, 200*time.Millisecond, 1500*time.Millisecond)
+		}
+		attempt, ok := pending[lock]
+		if !ok {
+			attempt = w.rec.NewAttempt()
+		}
+		op := Op{Worker: name, Via: "client", Kind: KindAcquire, Lock: lock, ClientID: cid, Attempt: attempt,
+			TTLms: ttl.Milliseconds(), WaitMs: wait.Milliseconds(), Invoke: w.rec.Now()}
+		actx, cancel := context.WithTimeout(ctx, wait+4*time.Second)
+		var l *client.Lock
+		var err error
+		if try {
+			l, err = c.TryAcquire(actx, lock, client.WithTTL(ttl))
+		} else {
+			l, err = c.Acquire(actx, lock, client.WithTTL(ttl), client.WithWaitTimeout(wait))
+		}
+		cancel()
+		op.Return = w.rec.Now()
+		var se *client.ServerError
+		switch {
+		case err == nil:
+			op.Outcome, op.OutToken = Ok, l.Token()
+			op.ExpiryLB = min(expiryLB(op.Invoke, ttl), w.rec.At(l.Deadline()))
+		case errors.As(err, &se) && (se.API.Code == api.CodeLockHeld || se.API.Code == api.CodeWaitTimeout):
+			op.Outcome, op.Code, op.Holder = Fail, se.API.Code, se.Holder
+		case errors.Is(err, client.ErrLockHeld), errors.Is(err, client.ErrClosed):
+			// Refused locally ("already held or awaited by this client"):
+			// nothing was sent.
+			continue
+		default:
+			// The client may still get the grant and hand it back by itself
+			// (an abandoned wait), so it may end at any moment: no bound.
+			op.Outcome, op.Err = Unknown, err.Error()
+			if errors.As(err, &se) {
+				op.Code = se.API.Code
+			}
+		}
+		w.rec.Add(op)
+		if op.Outcome == Unknown {
+			pending[lock] = attempt
+			sleep(ctx, jitter(rng, 50*time.Millisecond, 200*time.Millisecond))
+			continue
+		}
+		delete(pending, lock)
+		if op.Outcome != Ok {
+			sleep(ctx, jitter(rng, 0, 50*time.Millisecond))
+			continue
+		}
+		w.clientHold(ctx, rng, name, c, l, ttl)
+		sleep(ctx, jitter(rng, 0, 30*time.Millisecond))
+	}
+}
+
+func (w *Workload) clientHold(ctx context.Context, rng *rand.Rand, name string, c *client.Client, l *client.Lock, ttl time.Duration) {
+	cid := c.ClientID()
+	for steps := rng.IntN(3); steps > 0 && ctx.Err() == nil && l.Err() == nil; steps-- {
+		if rng.IntN(2) == 0 {
+			w.fenceWrite(ctx, name, l.Name(), cid, l.Token())
+		} else {
+			op := Op{Worker: name, Via: "client", Kind: KindRenew, Lock: l.Name(), ClientID: cid, Token: l.Token(),
+				TTLms: ttl.Milliseconds(), Invoke: w.rec.Now()}
+			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			err := l.Renew(rctx, ttl)
+			cancel()
+			op.Return = w.rec.Now()
+			var se *client.ServerError
+			switch {
+			case err == nil:
+				op.Outcome = Ok
+				op.ExpiryLB = min(expiryLB(op.Invoke, ttl), w.rec.At(l.Deadline()))
+			case errors.As(err, &se) && se.API.Code == api.CodeNotHolder:
+				op.Outcome, op.Code = Fail, se.API.Code
+			default:
+				// An unconfirmed renew does not move the client's lease, and
+				// the client ends the grant by its lease: no new bound.
+				op.Outcome, op.Err = Unknown, err.Error()
+			}
+			w.rec.Add(op)
+		}
+		sleep(ctx, jitter(rng, 10*time.Millisecond, 100*time.Millisecond))
+	}
+	if l.Err() != nil {
+		return // lost: nothing to release
+	}
+	op := Op{Worker: name, Via: "client", Kind: KindRelease, Lock: l.Name(), ClientID: cid, Token: l.Token(), Invoke: w.rec.Now()}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	err := l.Release(rctx)
+	cancel()
+	op.Return = w.rec.Now()
+	var se *client.ServerError
+	switch {
+	case err == nil:
+		op.Outcome = Ok
+	case errors.As(err, &se) && se.API.Code == api.CodeNotHolder:
+		op.Outcome, op.Code = Fail, se.API.Code
+	default:
+		op.Outcome, op.Err = Unknown, err.Error()
+	}
+	w.rec.Add(op)
+}
