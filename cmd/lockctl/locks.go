@@ -169,68 +169,69 @@ func (e *env) list(ctx context.Context, args []string) int {
 	return exitOK
 }
 
+// request is a parsed subcommand ready to call the API.
+type request struct {
+	pos    []string
+	api    *client.API
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// request parses a subcommand's flags, then builds the API client (global
+// flags such as --endpoints may follow the subcommand, so only now) and the
+// request's context. A nil request means: exit with the code.
+func (e *env) request(ctx context.Context, fs *flag.FlagSet, args []string, names ...string) (*request, int) {
+	pos, code, ok := e.parse(fs, args, names...)
+	if !ok {
+		return nil, code
+	}
+	a, err := e.api()
+	if err != nil {
+		return nil, e.setupFailed(err)
+	}
+	rctx, cancel := e.ctx(ctx, 0)
+	return &request{pos: pos, api: a, ctx: rctx, cancel: cancel}, 0
+}
+
 func (e *env) session(ctx context.Context, args []string) int {
 	if len(args) == 0 {
 		return usageErr(e.stderr, fmt.Errorf("session: want create, keepalive ID or delete ID"))
-	}
-	// The API is made after the subcommand's flags are parsed: global flags
-	// (--endpoints, --auth-token, ...) may follow the subcommand.
-	var a *client.API
-	mkAPI := func() (ok bool, code int) {
-		var err error
-		if a, err = e.api(); err != nil {
-			return false, e.setupFailed(err)
-		}
-		return true, 0
 	}
 	switch sub, args := args[0], args[1:]; sub {
 	case "create":
 		fs := e.command("session create", "session create [--ttl 15s]")
 		ttl := fs.Duration("ttl", 15*time.Second, "session TTL")
-		if _, code, ok := e.parse(fs, args); !ok {
+		r, code := e.request(ctx, fs, args)
+		if r == nil {
 			return code
 		}
-		if ok, code := mkAPI(); !ok {
-			return code
-		}
-		ctx, cancel := e.ctx(ctx, 0)
-		defer cancel()
-		rep, err := a.CreateSession(ctx, e.clientID(), *ttl)
+		defer r.cancel()
+		rep, err := r.api.CreateSession(r.ctx, e.clientID(), *ttl)
 		if err != nil {
 			return e.fail(err, "session create")
 		}
 		e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", rep.SessionID, rep.TTLms))
 	case "keepalive":
-		fs := e.command("session keepalive", "session keepalive ID")
-		pos, code, ok := e.parse(fs, args, "ID")
-		if !ok {
+		r, code := e.request(ctx, e.command("session keepalive", "session keepalive ID"), args, "ID")
+		if r == nil {
 			return code
 		}
-		if ok, code := mkAPI(); !ok {
-			return code
-		}
-		ctx, cancel := e.ctx(ctx, 0)
-		defer cancel()
-		rep, err := a.KeepAlive(ctx, pos[0])
+		defer r.cancel()
+		rep, err := r.api.KeepAlive(r.ctx, r.pos[0])
 		if err != nil {
-			return e.fail(err, "session "+pos[0])
+			return e.fail(err, "session "+r.pos[0])
 		}
-		e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", pos[0], rep.TTLms))
+		e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", r.pos[0], rep.TTLms))
 	case "delete":
-		fs := e.command("session delete", "session delete ID")
-		pos, code, ok := e.parse(fs, args, "ID")
-		if !ok {
+		r, code := e.request(ctx, e.command("session delete", "session delete ID"), args, "ID")
+		if r == nil {
 			return code
 		}
-		if ok, code := mkAPI(); !ok {
-			return code
+		defer r.cancel()
+		if err := r.api.DeleteSession(r.ctx, r.pos[0]); err != nil {
+			return e.fail(err, "session "+r.pos[0])
 		}
-		ctx, cancel := e.ctx(ctx, 0)
-		defer cancel()
-		if err := a.DeleteSession(ctx, pos[0]); err != nil {
-			return e.fail(err, "session "+pos[0])
-		}
-		e.print(map[string]any{"deleted": true, "session_id": pos[0]}, "session "+pos[0]+" deleted")
+		e.print(map[string]any{"deleted": true, "session_id": r.pos[0]}, "session "+r.pos[0]+" deleted")
 	default:
 		return usageErr(e.stderr, fmt.Errorf("session: unknown subcommand %q (want create, keepalive or delete)", sub))
 	}
@@ -241,28 +242,14 @@ func (e *env) cluster(ctx context.Context, args []string) int {
 	if len(args) == 0 {
 		return usageErr(e.stderr, fmt.Errorf("cluster: want status, add, remove or transfer"))
 	}
-	// The API is made after the subcommand's flags are parsed: global flags
-	// (--endpoints, --auth-token, ...) may follow the subcommand.
-	var a *client.API
-	mkAPI := func() (ok bool, code int) {
-		var err error
-		if a, err = e.api(); err != nil {
-			return false, e.setupFailed(err)
-		}
-		return true, 0
-	}
 	switch sub, args := args[0], args[1:]; sub {
 	case "status":
-		fs := e.command("cluster status", "cluster status")
-		if _, code, ok := e.parse(fs, args); !ok {
+		r, code := e.request(ctx, e.command("cluster status", "cluster status"), args)
+		if r == nil {
 			return code
 		}
-		if ok, code := mkAPI(); !ok {
-			return code
-		}
-		ctx, cancel := e.ctx(ctx, 0)
-		defer cancel()
-		st, err := a.Cluster(ctx)
+		defer r.cancel()
+		st, err := r.api.Cluster(r.ctx)
 		if err != nil {
 			return e.fail(err, "cluster status")
 		}
@@ -276,48 +263,35 @@ func (e *env) cluster(ctx context.Context, args []string) int {
 		tw.Flush()
 		e.print(st, b.String())
 	case "add":
-		fs := e.command("cluster add", "cluster add ID RAFTADDR HTTPADDR")
-		pos, code, ok := e.parse(fs, args, "ID", "RAFTADDR", "HTTPADDR")
-		if !ok {
+		r, code := e.request(ctx, e.command("cluster add", "cluster add ID RAFTADDR HTTPADDR"), args, "ID", "RAFTADDR", "HTTPADDR")
+		if r == nil {
 			return code
 		}
-		if ok, code := mkAPI(); !ok {
-			return code
+		defer r.cancel()
+		m := api.AddMemberRequest{ID: r.pos[0], RaftAddr: r.pos[1], HTTPAddr: r.pos[2]}
+		if err := r.api.AddMember(r.ctx, m); err != nil {
+			return e.fail(err, "cluster add "+r.pos[0])
 		}
-		ctx, cancel := e.ctx(ctx, 0)
-		defer cancel()
-		m := api.AddMemberRequest{ID: pos[0], RaftAddr: pos[1], HTTPAddr: pos[2]}
-		if err := a.AddMember(ctx, m); err != nil {
-			return e.fail(err, "cluster add "+pos[0])
-		}
-		e.print(m, "member "+pos[0]+" added")
+		e.print(m, "member "+r.pos[0]+" added")
 	case "remove":
-		fs := e.command("cluster remove", "cluster remove ID")
-		pos, code, ok := e.parse(fs, args, "ID")
-		if !ok {
+		r, code := e.request(ctx, e.command("cluster remove", "cluster remove ID"), args, "ID")
+		if r == nil {
 			return code
 		}
-		if ok, code := mkAPI(); !ok {
-			return code
+		defer r.cancel()
+		if err := r.api.RemoveMember(r.ctx, r.pos[0]); err != nil {
+			return e.fail(err, "cluster remove "+r.pos[0])
 		}
-		ctx, cancel := e.ctx(ctx, 0)
-		defer cancel()
-		if err := a.RemoveMember(ctx, pos[0]); err != nil {
-			return e.fail(err, "cluster remove "+pos[0])
-		}
-		e.print(map[string]any{"removed": pos[0]}, "member "+pos[0]+" removed")
+		e.print(map[string]any{"removed": r.pos[0]}, "member "+r.pos[0]+" removed")
 	case "transfer":
 		fs := e.command("cluster transfer", "cluster transfer [--to ID]")
 		to := fs.String("to", "", "member to hand the leadership to (default: the cluster picks)")
-		if _, code, ok := e.parse(fs, args); !ok {
+		r, code := e.request(ctx, fs, args)
+		if r == nil {
 			return code
 		}
-		if ok, code := mkAPI(); !ok {
-			return code
-		}
-		ctx, cancel := e.ctx(ctx, 0)
-		defer cancel()
-		if err := a.TransferLeadership(ctx, *to); err != nil {
+		defer r.cancel()
+		if err := r.api.TransferLeadership(r.ctx, *to); err != nil {
 			return e.fail(err, "cluster transfer")
 		}
 		e.print(api.TransferRequest{To: *to}, "leadership transfer requested")
