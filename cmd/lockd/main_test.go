@@ -1,0 +1,58 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestFlagsComeFromTheEnvironment(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	dataDir := fs.String("data-dir", "./lockd-data", "")
+	hb := fs.Duration("heartbeat-timeout", time.Second, "")
+	id := fs.String("id", "node1", "")
+	if err := fs.Parse([]string{"--id", "from-flag"}); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"LOCKD_DATA_DIR": "/var/lib/x", "LOCKD_HEARTBEAT_TIMEOUT": "250ms", "LOCKD_ID": "from-env"}
+	if err := applyEnv(fs, func(k string) (string, bool) { v, ok := env[k]; return v, ok }); err != nil {
+		t.Fatal(err)
+	}
+	if *dataDir != "/var/lib/x" || *hb != 250*time.Millisecond {
+		t.Fatalf("env not applied: %s %s", *dataDir, *hb)
+	}
+	if *id != "from-flag" {
+		t.Fatalf("a flag on the command line must win over the environment, got %q", *id)
+	}
+	fs2 := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs2.Duration("heartbeat-timeout", time.Second, "")
+	env = map[string]string{"LOCKD_HEARTBEAT_TIMEOUT": "soon"}
+	if err := applyEnv(fs2, func(k string) (string, bool) { v, ok := env[k]; return v, ok }); err == nil || !strings.Contains(err.Error(), "LOCKD_HEARTBEAT_TIMEOUT") {
+		t.Fatalf("a bad value must be refused naming the variable: %v", err)
+	}
+}
+
+func TestRunRefusesBadConfiguration(t *testing.T) {
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--help"}, 0, "LOCKD_<FLAG>"},
+		{[]string{"--no-such-flag"}, 2, "not defined"},
+		{[]string{"--initial-cluster", "a=127.0.0.1:1,b=127.0.0.1:2", "--id", "c"}, 2, "does not list"},
+		{[]string{"--initial-cluster", "a=127.0.0.1:1", "--id", "a", "--join", "http://x:1"}, 2, "exclusive"},
+		{[]string{"--log-format", "xml"}, 2, "--log-format"},
+		{[]string{"--leader-lease-timeout", "2s", "--heartbeat-timeout", "1s"}, 2, "must not exceed"},
+		{[]string{"--tls-cert", "c.pem"}, 2, "go together"},
+		{[]string{"--log-store", "floppy"}, 2, "--log-store"},
+	}
+	for _, c := range cases {
+		var stderr bytes.Buffer
+		if code := run(c.args, &stderr); code != c.code || !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("lockd %v: exit %d, want %d with %q in:\n%s", c.args, code, c.code, c.want, stderr.String())
+		}
+	}
+}
