@@ -28,6 +28,9 @@ type fakeBackend struct {
 	leader   string
 	sessions map[string]int64 // keepalive: session -> ttl
 	nextID   int
+	// before, when set, runs ahead of a proposal and returns commands to
+	// commit first (a timer's proposal racing a client's).
+	before func(cmd locktable.Command) []locktable.Command
 }
 
 func newFake() *fakeBackend {
@@ -45,6 +48,14 @@ func (f *fakeBackend) LeaderURL() string {
 func (f *fakeBackend) Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error) {
 	f.proposed.Add(1)
 	f.mu.Lock()
+	if f.before != nil {
+		for _, c := range f.before(cmd) {
+			res := f.table.Apply(c)
+			f.mu.Unlock()
+			f.hub.Publish(res.Events)
+			f.mu.Lock()
+		}
+	}
 	f.now++
 	cmd.Now = f.now
 	res := f.table.Apply(cmd)

@@ -347,8 +347,16 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		// Queued: wait for the committed hand-off.
+		// The wait's deadline names it: the end of an earlier wait of this
+		// client on this lock must not answer this one.
+		var waitDeadline int64
+		for _, ev := range res.Events {
+			if ev.Kind == locktable.EvQueued && ev.ClientID == req.ClientID {
+				waitDeadline = ev.Deadline
+			}
+		}
 		var retry bool
-		retry, outcome = h.awaitGrant(w, r, sub, name, req.ClientID, deadline)
+		retry, outcome = h.awaitGrant(w, r, sub, name, req.ClientID, deadline, waitDeadline)
 		closeSub(sub)
 		if !retry {
 			return
@@ -368,7 +376,7 @@ func closeSub(s *notify.Sub) {
 // awaitGrant waits for the outcome of a queued acquire and writes the reply.
 // It returns true when the caller should re-propose instead, and the
 // outcome for metrics.
-func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify.Sub, name, client string, deadline time.Time) (bool, string) {
+func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify.Sub, name, client string, deadline time.Time, waitDeadline int64) (bool, string) {
 	// The leader's waiter timer ends the wait with a committed timeout; this
 	// fallback only covers a timer that cannot commit (leadership trouble).
 	fallback := time.NewTimer(time.Until(deadline) + 2*time.Second)
@@ -384,6 +392,9 @@ func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify
 				writeJSON(w, 200, h.grantReply(name, client, ev.Token, ev.ExpiresAt))
 				return false, "granted_after_wait"
 			case locktable.EvWaitEnded:
+				if ev.Deadline != waitDeadline {
+					continue // an earlier wait of this client on this lock
+				}
 				if ev.Reason == locktable.ReasonSessionExpired {
 					writeError(w, &apiError{code: api.CodeSessionExpired, msg: "the session ended while waiting for lock " + name})
 					return false, api.CodeSessionExpired

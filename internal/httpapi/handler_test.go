@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockd/lockd/internal/locktable"
 )
 
 type reply struct {
@@ -230,5 +233,66 @@ func TestUnknownPathIsJSON404(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	if resp.Code != 200 {
 		t.Fatalf("healthz: %d %s", resp.Code, b)
+	}
+}
+
+// TestHTTPOldWaitDoesNotAnswerRetry: as on the WebSocket, the end of an
+// earlier wait must not answer a retried acquire of the same client.
+func TestHTTPOldWaitDoesNotAnswerRetry(t *testing.T) {
+	f := newFake()
+	h := New(Config{Backend: f})
+	a := do(t, h, "POST", "/api/v1/locks/l/acquire", `{"client_id":"A","ttl_ms":60000}`)
+	// B's first wait: queued, then its client gives up.
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan int, 1)
+	go func() {
+		req := httptest.NewRequest("POST", "/api/v1/locks/l/acquire", strings.NewReader(`{"client_id":"B","ttl_ms":60000,"wait_timeout_ms":5}`)).WithContext(ctx)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		first <- rec.Code
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for do(t, h, "GET", "/api/v1/locks/l", "").body["waiters"] != float64(1) {
+		if time.Now().After(deadline) {
+			t.Fatal("first wait never queued")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	cancel()
+	<-first
+	// The retry races the first wait's timeout, which commits first.
+	f.mu.Lock()
+	f.before = func(cmd locktable.Command) []locktable.Command {
+		if cmd.Op != locktable.OpAcquire || cmd.ClientID != "B" {
+			return nil
+		}
+		f.before = nil
+		return []locktable.Command{{Op: locktable.OpTimeoutWaiter, Lock: "l", ClientID: "B", Now: f.now + 100}}
+	}
+	f.now += 100
+	f.mu.Unlock()
+	retry := make(chan reply, 1)
+	go func() {
+		retry <- do(t, h, "POST", "/api/v1/locks/l/acquire", `{"client_id":"B","ttl_ms":60000,"wait_timeout_ms":60000}`)
+	}()
+	for do(t, h, "GET", "/api/v1/locks/l", "").body["waiters"] != float64(1) {
+		select {
+		case r := <-retry:
+			t.Fatalf("the retry was answered before the lock was free: %d %s", r.status, r.raw)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("retry never queued")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	select {
+	case r := <-retry:
+		t.Fatalf("the end of the first wait answered the retry: %d %s", r.status, r.raw)
+	case <-time.After(100 * time.Millisecond):
+	}
+	do(t, h, "POST", "/api/v1/locks/l/release", `{"client_id":"A","fencing_token":`+itoa(uint64(a.body["fencing_token"].(float64)))+`}`)
+	if r := <-retry; r.status != 200 || r.body["acquired"] != true {
+		t.Fatalf("retry: %d %s", r.status, r.raw)
 	}
 }

@@ -34,9 +34,19 @@ type wsConn struct {
 	client   string
 	ttl      int64
 	sub      *notify.Sub
-	pending  map[string]uint64 // lock -> request id of the queued acquire
+	pending  map[string]*pendingAcquire // lock -> the acquire waiting for its answer
 	subReady chan struct{}
 	id       auth.Identity // the connection's token, when auth is on
+}
+
+// pendingAcquire is an acquire sent on this connection and not yet
+// answered. deadline is its wait's deadline once the queued command has
+// committed (0 before): a wait that ended is matched by it, so the end of an
+// earlier wait of this client on the same lock (a retry re-queued after it)
+// is never taken for the answer to this one.
+type pendingAcquire struct {
+	id       uint64
+	deadline int64
 }
 
 // allowLock checks the connection's token for lock access to one lock.
@@ -58,7 +68,7 @@ func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
 	}
 	c.SetReadLimit(api.MaxBodyBytes)
 	ctx, cancel := context.WithCancel(r.Context())
-	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string]uint64{}, subReady: make(chan struct{}),
+	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string]*pendingAcquire{}, subReady: make(chan struct{}),
 		id: id}
 	defer cancel()
 	if !h.b.Ready() {
@@ -246,18 +256,22 @@ func (wc *wsConn) acquire(req api.WSRequest) error {
 		cmd.WaitMs = *req.WaitTimeoutMs
 	}
 	// Record the request before proposing: the grant push may race the reply.
+	p := &pendingAcquire{id: req.ID}
 	wc.mu.Lock()
-	wc.pending[req.Lock] = req.ID
+	wc.pending[req.Lock] = p
 	wc.mu.Unlock()
 	res, err := wc.h.b.Propose(wc.ctx, cmd)
 	if err == nil && res.Code == locktable.OK {
-		// Granted or queued: the grant reaches the client through pushLoop,
-		// the one path for grants, so a fast hand-off cannot be lost or sent
+		// Granted or queued: a grant reaches the client through pushLoop, the
+		// one path for grants, so a fast hand-off cannot be lost or sent
 		// twice.
+		if res.Queued {
+			wc.queued(req.Lock, p, res)
+		}
 		return nil
 	}
 	wc.mu.Lock()
-	if wc.pending[req.Lock] == req.ID {
+	if wc.pending[req.Lock] == p {
 		delete(wc.pending, req.Lock)
 	}
 	wc.mu.Unlock()
@@ -265,6 +279,46 @@ func (wc *wsConn) acquire(req api.WSRequest) error {
 		return err
 	}
 	return stateError(res.Code, req.Lock, res.Holder)
+}
+
+// queued records the deadline of a committed wait, then settles the race
+// with its end: if the wait already ended (its event went by while the
+// deadline was unknown) and no grant took its place, the answer is
+// wait_timeout.
+func (wc *wsConn) queued(lock string, p *pendingAcquire, res locktable.Result) {
+	var deadline int64
+	for _, ev := range res.Events {
+		if ev.Kind == locktable.EvQueued && ev.ClientID == wc.client {
+			deadline = ev.Deadline
+		}
+	}
+	wc.mu.Lock()
+	if wc.pending[lock] != p {
+		wc.mu.Unlock()
+		return // already answered (granted)
+	}
+	p.deadline = deadline
+	wc.mu.Unlock()
+	waiting, holder := false, false
+	wc.h.b.View(func(t *locktable.Table) {
+		holder = t.Get(lock).ClientID == wc.client
+		for _, w := range t.Waiters(lock) {
+			waiting = waiting || (w.ClientID == wc.client && w.Deadline == deadline)
+		}
+	})
+	if waiting || holder {
+		return // pushLoop answers: the wait's end or the grant is still to come
+	}
+	wc.mu.Lock()
+	answer := wc.pending[lock] == p
+	if answer {
+		delete(wc.pending, lock)
+	}
+	wc.mu.Unlock()
+	if answer {
+		wc.send(api.WSMessage{ID: p.id, Type: api.TypeError, Lock: lock,
+			Error: &api.Error{Code: api.CodeWaitTimeout, Message: "timed out waiting for lock " + lock}})
+	}
 }
 
 func (wc *wsConn) release(req api.WSRequest) error {
@@ -360,13 +414,13 @@ func (wc *wsConn) push(ev locktable.Event) {
 	switch ev.Kind {
 	case locktable.EvGranted:
 		wc.mu.Lock()
-		id, ok := wc.pending[ev.Lock]
+		p, ok := wc.pending[ev.Lock]
 		delete(wc.pending, ev.Lock)
 		wc.mu.Unlock()
 		if !ok {
-			return // the reply to a direct grant already carries it
+			return // nobody on this connection asked (a re-grant already answered)
 		}
-		wc.send(api.WSMessage{ID: id, Type: api.TypeGranted, Lock: ev.Lock, FencingToken: ev.Token,
+		wc.send(api.WSMessage{ID: p.id, Type: api.TypeGranted, Lock: ev.Lock, FencingToken: ev.Token,
 			ExpiresAt: api.FormatTime(ev.ExpiresAt), FencingProof: wc.h.b.Sign(ev.Lock, ev.Token, ev.ExpiresAt)})
 	case locktable.EvLost:
 		reason := api.ReasonExpired
@@ -376,8 +430,13 @@ func (wc *wsConn) push(ev locktable.Event) {
 		wc.send(api.WSMessage{Type: api.TypeLost, Lock: ev.Lock, FencingToken: ev.Token, Reason: reason})
 	case locktable.EvWaitEnded:
 		wc.mu.Lock()
-		id, ok := wc.pending[ev.Lock]
-		delete(wc.pending, ev.Lock)
+		p, ok := wc.pending[ev.Lock]
+		// Only the end of this acquire's own wait answers it; see
+		// pendingAcquire.
+		ok = ok && p.deadline != 0 && p.deadline == ev.Deadline
+		if ok {
+			delete(wc.pending, ev.Lock)
+		}
 		wc.mu.Unlock()
 		if !ok {
 			return
@@ -386,7 +445,7 @@ func (wc *wsConn) push(ev locktable.Event) {
 		if ev.Reason == locktable.ReasonSessionExpired {
 			code, msg = api.CodeSessionExpired, "the session ended while waiting for lock "+ev.Lock
 		}
-		wc.send(api.WSMessage{ID: id, Type: api.TypeError, Lock: ev.Lock, Error: &api.Error{Code: code, Message: msg}})
+		wc.send(api.WSMessage{ID: p.id, Type: api.TypeError, Lock: ev.Lock, Error: &api.Error{Code: code, Message: msg}})
 	case locktable.EvSessionEnded:
 		wc.send(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: api.CodeSessionExpired,
 			Message: "session " + ev.SessionID + " ended (" + ev.Reason + ")"}})

@@ -11,6 +11,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/locktable"
 )
 
 type wsClient struct {
@@ -158,4 +159,55 @@ func sessionOf(t *testing.T, f *fakeBackend, client string) string {
 	}
 	t.Fatalf("no session of %s", client)
 	return ""
+}
+
+// TestWebSocketOldWaitDoesNotAnswerNewAcquire: the end of an earlier wait of
+// a client on a lock, committed while the client's retry is in flight, must
+// not be taken for the answer to the retry. (Found by the chaos suite: the
+// retry was told wait_timeout, then its wait was granted.)
+func TestWebSocketOldWaitDoesNotAnswerNewAcquire(t *testing.T) {
+	f := newFake()
+	srv := httptest.NewServer(New(Config{Backend: f}))
+	defer srv.Close()
+	a := dialWS(t, srv)
+	a.send(`{"id":1,"op":"hello","client_id":"A"}`)
+	a.recv()
+	a.send(`{"id":2,"op":"acquire","lock":"l"}`)
+	ga := a.recv()
+
+	b := dialWS(t, srv)
+	b.send(`{"id":1,"op":"hello","client_id":"B"}`)
+	b.recv()
+	b.send(`{"id":2,"op":"acquire","lock":"l","wait_timeout_ms":5}`) // queued, deadline now+5
+	b.send(`{"id":3,"op":"keepalive"}`)
+	if m := b.recv(); m.ID != 3 {
+		t.Fatalf("want the keepalive reply while queued, got %+v", m)
+	}
+	// B's retry races a timer: the first wait's timeout commits first.
+	f.mu.Lock()
+	f.before = func(cmd locktable.Command) []locktable.Command {
+		if cmd.Op != locktable.OpAcquire || cmd.ClientID != "B" {
+			return nil
+		}
+		f.before = nil
+		return []locktable.Command{{Op: locktable.OpTimeoutWaiter, Lock: "l", ClientID: "B", Now: f.now + 100}}
+	}
+	f.now += 100 // past the first wait's deadline
+	f.mu.Unlock()
+	b.send(`{"id":9,"op":"acquire","lock":"l","wait_timeout_ms":600000}`)
+	b.send(`{"id":10,"op":"keepalive"}`)
+	for {
+		m := b.recv()
+		if m.ID == 10 {
+			break
+		}
+		if m.ID == 9 || m.ID == 2 {
+			t.Fatalf("the end of the first wait answered a request: %+v", m)
+		}
+	}
+	a.send(`{"id":3,"op":"release","lock":"l","fencing_token":` + itoa(ga.FencingToken) + `}`)
+	a.recv()
+	if m := b.recv(); m.ID != 9 || m.Type != api.TypeGranted {
+		t.Fatalf("the retry must be granted: %+v", m)
+	}
 }

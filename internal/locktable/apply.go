@@ -39,7 +39,7 @@ const (
 	EvRenewed                             // a holder's expiry moved to ExpiresAt
 	EvReleased                            // a holder released its lock
 	EvLost                                // a holder lost its lock (Reason: expired, session_expired)
-	EvWaitEnded                           // a waiter left the queue ungranted (Reason: wait_timeout, session_expired)
+	EvWaitEnded                           // a waiter left the queue ungranted (Reason: wait_timeout, session_expired; Deadline names which wait)
 	EvSessionCreated                      // a session began (TTLms)
 	EvSessionEnded                        // a session ended (Reason: deleted, session_expired)
 )
@@ -256,13 +256,13 @@ func (t *Table) handOff(l *Lock, now int64, ev *[]Event) {
 		t.unwait(l.Name, w)
 		if w.Deadline <= now {
 			*ev = append(*ev, Event{Kind: EvWaitEnded, Lock: l.Name, ClientID: w.ClientID,
-				SessionID: w.SessionID, Reason: ReasonWaitTimeout})
+				SessionID: w.SessionID, Deadline: w.Deadline, Reason: ReasonWaitTimeout})
 			continue
 		}
 		if w.SessionID != "" {
 			if _, ok := t.sessions[w.SessionID]; !ok {
 				*ev = append(*ev, Event{Kind: EvWaitEnded, Lock: l.Name, ClientID: w.ClientID,
-					SessionID: w.SessionID, Reason: ReasonSessionExpired})
+					SessionID: w.SessionID, Deadline: w.Deadline, Reason: ReasonSessionExpired})
 				continue
 			}
 		}
@@ -374,7 +374,7 @@ func (t *Table) timeoutWaiter(c Command, r *Result) {
 		l.Waiters = append(l.Waiters[:i:i], l.Waiters[i+1:]...)
 		t.unwait(l.Name, w)
 		r.Events = append(r.Events, Event{Kind: EvWaitEnded, Lock: l.Name, ClientID: w.ClientID,
-			SessionID: w.SessionID, Reason: ReasonWaitTimeout})
+			SessionID: w.SessionID, Deadline: w.Deadline, Reason: ReasonWaitTimeout})
 		break
 	}
 	t.handOff(l, c.Now, &r.Events)
@@ -427,7 +427,7 @@ func (t *Table) endSession(c Command, r *Result, reason string) {
 		for _, w := range l.Waiters {
 			if w.SessionID == s.ID {
 				r.Events = append(r.Events, Event{Kind: EvWaitEnded, Lock: name, ClientID: w.ClientID,
-					SessionID: s.ID, Reason: ReasonSessionExpired})
+					SessionID: s.ID, Deadline: w.Deadline, Reason: ReasonSessionExpired})
 				continue
 			}
 			kept = append(kept, w)

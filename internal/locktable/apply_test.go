@@ -736,3 +736,35 @@ func TestReadAPI(t *testing.T) {
 		t.Errorf("ForEachSession: %v", sessions)
 	}
 }
+
+// TestWaitEndedNamesItsWait: the event of a wait that ended carries that
+// wait's deadline, so a server can tell it from a newer wait of the same
+// client on the same lock (a retry that re-queued after the first ended).
+func TestWaitEndedNamesItsWait(t *testing.T) {
+	tb := lt.New()
+	tb.Apply(lt.Command{Op: lt.OpAcquire, Lock: "l", ClientID: "h", TTLms: 60000, Now: 1000})
+	q := tb.Apply(lt.Command{Op: lt.OpAcquire, Lock: "l", ClientID: "w", TTLms: 1000, WaitMs: 500, Now: 1000})
+	if !q.Queued || len(q.Events) != 1 || q.Events[0].Deadline != 1500 {
+		t.Fatalf("queued: %+v", q)
+	}
+	r := tb.Apply(lt.Command{Op: lt.OpTimeoutWaiter, Lock: "l", ClientID: "w", Now: 1600})
+	if len(r.Events) != 1 || r.Events[0].Kind != lt.EvWaitEnded || r.Events[0].Deadline != 1500 {
+		t.Fatalf("timeout: %+v", r.Events)
+	}
+	// A new wait of the same client: its own deadline.
+	q2 := tb.Apply(lt.Command{Op: lt.OpAcquire, Lock: "l", ClientID: "w", TTLms: 1000, WaitMs: 500, Now: 1700})
+	if q2.Events[0].Deadline != 2200 {
+		t.Fatalf("second wait: %+v", q2.Events)
+	}
+	// Dropped at hand-off after its deadline: the event names it too.
+	rel := tb.Apply(lt.Command{Op: lt.OpRelease, Lock: "l", ClientID: "h", Token: 1, Now: 2300})
+	var ended *lt.Event
+	for i := range rel.Events {
+		if rel.Events[i].Kind == lt.EvWaitEnded {
+			ended = &rel.Events[i]
+		}
+	}
+	if ended == nil || ended.Deadline != 2200 {
+		t.Fatalf("hand-off: %+v", rel.Events)
+	}
+}
