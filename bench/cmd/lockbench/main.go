@@ -1,0 +1,351 @@
+// Command lockbench measures lockd against etcd's lock
+// (clientv3/concurrency.Mutex) on the same machine in the same run.
+//
+//	lockbench [flags]          the side-by-side benchmark (workloads a–e)
+//	lockbench scale [flags]    the scale benchmark (1M held locks, 100k waiters)
+//
+// It starts a lockd cluster (the real lockd binary, built from ../cmd/lockd)
+// and an etcd cluster (go.etcd.io/etcd/server/v3/embed, each member a
+// re-executed `lockbench etcd-member` process) on loopback with data on disk,
+// runs every workload on both systems in turn, and writes a markdown table
+// to stdout and results.json, results.md and chart.png to --out.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "etcd-member":
+			os.Exit(etcdMemberMain(os.Args[2:]))
+		case "scale":
+			os.Exit(scaleMain(os.Args[2:]))
+		case "run":
+			os.Exit(benchMain(os.Args[2:]))
+		}
+	}
+	os.Exit(benchMain(os.Args[1:]))
+}
+
+// common flags of both modes.
+type commonFlags struct {
+	members  int
+	out      string
+	repo     string
+	lockdBin string
+	keep     bool
+}
+
+func (c *commonFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&c.members, "members", 3, "members per cluster (3 or 5)")
+	fs.StringVar(&c.out, "out", "bench-results", "directory for results.json, results.md, chart.png")
+	fs.StringVar(&c.repo, "repo", "", "root of the lockd repository (default: found upwards from the working directory)")
+	fs.StringVar(&c.lockdBin, "lockd-bin", "", "a prebuilt lockd binary (default: build ./cmd/lockd of --repo)")
+	fs.BoolVar(&c.keep, "keep", false, "keep the clusters' data directories and logs")
+}
+
+// prepare builds lockd and makes the work directory.
+func (c *commonFlags) prepare() (repo, bin, dir string, err error) {
+	if err = os.MkdirAll(c.out, 0o755); err != nil {
+		return
+	}
+	dir, err = os.MkdirTemp("", "lockbench-")
+	if err != nil {
+		return
+	}
+	bin = c.lockdBin
+	if bin == "" || c.repo != "" {
+		repo, err = findRepo(c.repo)
+		if err != nil {
+			return
+		}
+	}
+	if bin == "" {
+		fmt.Fprintf(os.Stderr, "building lockd from %s ...\n", repo)
+		bin, err = buildLockd(repo, dir)
+	}
+	return
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+func benchMain(args []string) int {
+	fs := flag.NewFlagSet("lockbench", flag.ContinueOnError)
+	var cf commonFlags
+	cf.register(fs)
+	quick := fs.Bool("quick", false, "a smoke run that finishes in under a minute: 1 s per run, 1 round, leader setup only")
+	duration := fs.Duration("duration", 10*time.Second, "measured time per run")
+	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured time at the start of each run")
+	rounds := fs.Int("rounds", 2, "runs per system per workload and setup (A B A B ...)")
+	wlFlag := fs.String("workloads", "a,b,c,d,e", "workloads to run, from a,b,c,d,e")
+	setupsFlag := fs.String("setups", "leader,spread", "client setups: leader (clients on the leader), spread (client i on member i mod N; lockd clients get all endpoints)")
+	systemsFlag := fs.String("systems", "lockd,etcd", "systems: lockd (client package, WebSocket sessions), etcd, lockd-http (plain HTTP API)")
+	sessionTTL := fs.Duration("session-ttl", 10*time.Second, "session TTL of every client of both systems (keepalives every third)")
+	etcdConns := fs.Int("etcd-clients", 1, "clientv3 clients (gRPC connections) the etcd workers of one run share; at least one per member in the spread setup (default 1, as etcd advises: one client per process)")
+	opTimeout := fs.Duration("op-timeout", 30*time.Second, "bound of one acquire or release")
+	cpuProfile := fs.String("cpuprofile", "", "write a pprof CPU profile of lockbench itself (the clients) to this file")
+	perf := fs.String("perf", "", "workloads (e.g. b) during whose measured windows `perf record` samples each system's leader; reports go to --out")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	setFlags := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { setFlags[f.Name] = true })
+	if *quick {
+		if !setFlags["duration"] {
+			*duration = time.Second
+		}
+		if !setFlags["warmup"] {
+			*warmup = 300 * time.Millisecond
+		}
+		if !setFlags["rounds"] {
+			*rounds = 1
+		}
+		if !setFlags["setups"] {
+			*setupsFlag = setupLeader
+		}
+	}
+	wls, err := pickWorkloads(*wlFlag)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+		return 2
+	}
+	setups := splitList(*setupsFlag)
+	for _, s := range setups {
+		if s != setupLeader && s != setupSpread {
+			fmt.Fprintf(os.Stderr, "lockbench: unknown setup %q\n", s)
+			return 2
+		}
+	}
+	sysNames := splitList(*systemsFlag)
+	if cf.members < 1 || *rounds < 1 || *duration <= 0 {
+		fmt.Fprintln(os.Stderr, "lockbench: --members, --rounds and --duration must be positive")
+		return 2
+	}
+
+	ctx, cancel := signalContext()
+	defer cancel()
+	repo, bin, dir, err := cf.prepare()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+		return 1
+	}
+	if !cf.keep {
+		defer os.RemoveAll(dir)
+	} else {
+		fmt.Fprintln(os.Stderr, "data and logs in", dir)
+	}
+
+	rep := &report{Started: time.Now(), Workloads: wls}
+	rep.Host = describeHost(repo)
+	rep.Config = benchConfig{Members: cf.members, Duration: duration.String(), Warmup: warmup.String(), Rounds: *rounds,
+		Setups: setups, Systems: sysNames, SessionTTL: sessionTTL.String(), EtcdConns: *etcdConns, Quick: *quick}
+
+	fmt.Fprintf(os.Stderr, "starting %d-member lockd and etcd clusters in %s ...\n", cf.members, dir)
+	lc, err := startLockd(ctx, bin, filepath.Join(dir, "lockd"), cf.members, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+		return 1
+	}
+	defer lc.stop()
+	ec, err := startEtcd(ctx, filepath.Join(dir, "etcd"), cf.members)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+		return 1
+	}
+	defer ec.stop()
+
+	var systems []system
+	for _, n := range sysNames {
+		switch n {
+		case "lockd":
+			systems = append(systems, &lockdSystem{c: lc, sessionTTL: *sessionTTL})
+		case "lockd-http":
+			systems = append(systems, &lockdHTTPSystem{lockdSystem{c: lc, sessionTTL: *sessionTTL}})
+		case "etcd":
+			systems = append(systems, &etcdSystem{c: ec, sessionTTL: *sessionTTL, conns: *etcdConns})
+		default:
+			fmt.Fprintf(os.Stderr, "lockbench: unknown system %q\n", n)
+			return 2
+		}
+	}
+
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			_ = pprof.StartCPUProfile(f)
+			defer func() { pprof.StopCPUProfile(); f.Close() }()
+		}
+	}
+
+	total := len(wls) * len(setups) * *rounds * len(systems)
+	prog := newProgress(total)
+	o := runOpts{warmup: *warmup, duration: *duration, opTimeout: *opTimeout, prog: prog}
+	if *perf != "" {
+		o.hook = perfHook(cf.out, splitList(*perf), prog)
+	}
+	var runErr error
+loop:
+	for _, wl := range wls {
+		for _, setup := range setups {
+			for round := 1; round <= *rounds; round++ {
+				for _, sys := range systems {
+					r, err := runOne(ctx, sys, wl, setup, round, o)
+					if err != nil {
+						runErr = err
+						break loop
+					}
+					rep.Runs = append(rep.Runs, r)
+					if r.Errors > 0 {
+						prog.note("%s %s %s r%d: %d errors, first: %s", wl.Key, setup, sys.name(), round, r.Errors, r.FirstError)
+					}
+					time.Sleep(300 * time.Millisecond) // let the closed sessions settle
+				}
+			}
+		}
+	}
+	prog.close()
+	rep.Finished = time.Now()
+	rep.Summary = aggregate(rep.Runs)
+	rep.Ratios = ratios(rep.Summary, wls, "lockd")
+	if len(rep.Ratios) == 0 {
+		rep.Ratios = ratios(rep.Summary, wls, "lockd-http")
+	}
+
+	var md strings.Builder
+	writeMarkdown(&md, rep, wls)
+	fmt.Print(md.String())
+	if err := os.WriteFile(filepath.Join(cf.out, "results.md"), []byte(md.String()), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+	}
+	if err := writeJSON(filepath.Join(cf.out, "results.json"), rep); err != nil {
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+	}
+	if len(rep.Summary) > 0 {
+		if err := writeChart(filepath.Join(cf.out, "chart.png"), rep, wls); err != nil {
+			fmt.Fprintln(os.Stderr, "lockbench: chart:", err)
+		}
+	}
+	fmt.Fprintf(os.Stderr, "wrote %s/results.json, results.md, chart.png (%s)\n", cf.out, rep.Finished.Sub(rep.Started).Round(time.Second))
+	if runErr != nil {
+		fmt.Fprintln(os.Stderr, "lockbench: stopped early:", runErr)
+		return 1
+	}
+	return 0
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func pickWorkloads(s string) ([]workload, error) {
+	var out []workload
+	for _, k := range splitList(s) {
+		found := false
+		for _, wl := range allWorkloads {
+			if wl.Key == k {
+				out = append(out, wl)
+				found = true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("unknown workload %q (want a,b,c,d,e)", k)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no workloads")
+	}
+	return out, nil
+}
+
+func describeHost(repo string) hostInfo {
+	h := hostInfo{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), LockdCommit: "unknown"}
+	if repo != "" {
+		h.LockdCommit = gitDescribe(repo)
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				if i := strings.Index(l, ":"); i >= 0 {
+					h.CPUModel = strings.TrimSpace(l[i+1:])
+				}
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		h.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		h.LoadAvg = strings.TrimSpace(string(b))
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			if d.Path == "go.etcd.io/etcd/server/v3" {
+				h.EtcdVersion = d.Version
+			}
+		}
+	}
+	return h
+}
+
+// perfHook samples the leader of each system with `perf record` during the
+// measured window of the listed workloads and writes the top of `perf
+// report` next to the results.
+func perfHook(out string, wls []string, prog *progress) func(ctx context.Context, sys system, wl workload, setup string, pid int, d time.Duration) {
+	want := map[string]bool{}
+	for _, w := range wls {
+		want[w] = true
+	}
+	return func(ctx context.Context, sys system, wl workload, setup string, pid int, d time.Duration) {
+		if !want[wl.Key] || pid == 0 {
+			return
+		}
+		base := filepath.Join(out, fmt.Sprintf("perf-%s-%s-%s", sys.name(), wl.Key, setup))
+		cctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+		defer cancel()
+		rec := exec.CommandContext(cctx, "perf", "record", "-F", "499", "-g", "-p", fmt.Sprint(pid), "-o", base+".data",
+			"--", "sleep", fmt.Sprintf("%.1f", d.Seconds()))
+		if b, err := rec.CombinedOutput(); err != nil {
+			prog.note("perf record: %v %s", err, b)
+			return
+		}
+		// perf record ended with the window, so the report's CPU is not measured.
+		{
+			rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer rcancel()
+			for _, mode := range []struct{ suffix, flags string }{
+				{"-self.txt", "--no-children"},
+				{"-children.txt", "--children"},
+			} {
+				args := append([]string{"report", "-i", base + ".data", "--stdio", "--sort", "symbol", "-g", "none", "--percent-limit", "0.5"}, strings.Fields(mode.flags)...)
+				b, err := exec.CommandContext(rctx, "perf", args...).Output()
+				if err == nil {
+					_ = os.WriteFile(base+mode.suffix, b, 0o644)
+				}
+			}
+		}
+	}
+}
