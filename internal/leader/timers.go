@@ -150,28 +150,46 @@ func (t *Timers) Start() {
 	t.sessions = map[string]*sessionTimer{}
 	tookOffice := t.now()
 	grace := t.cfg.Grace.Milliseconds()
-	nLocks, nWaiters, nSessions := 0, 0, 0
+	// Copy what the timers need while holding the state's read lock, and
+	// nothing more: Apply waits on that lock, and with a million locks
+	// building maps and a heap under it stalled the log long enough to
+	// cost elections.
+	var locks []locktable.LockInfo
+	var waiters []locktable.WaiterInfo
+	var sessions []locktable.Session
 	t.cfg.Viewer.View(func(tab *locktable.Table) {
+		st := tab.Stats()
+		locks = make([]locktable.LockInfo, 0, st.Held)
+		waiters = make([]locktable.WaiterInfo, 0, st.Waiters)
+		sessions = make([]locktable.Session, 0, st.Sessions)
 		tab.ForEachHeld(func(li locktable.LockInfo) {
-			if li.ExpiresAt == 0 {
-				return
+			if li.ExpiresAt != 0 {
+				locks = append(locks, li)
 			}
-			at := li.ExpiresAt
-			if at <= tookOffice+grace {
-				at = li.ExpiresAt + grace // never before the replicated expiry, at most one grace after
-			}
-			t.setLockLocked(li.Name, li.Token, at)
-			nLocks++
 		})
-		tab.ForEachWaiter(func(w locktable.WaiterInfo) {
-			t.setWaiterLocked(w.Lock, w.ClientID, w.Deadline)
-			nWaiters++
-		})
-		tab.ForEachSession(func(s locktable.Session) {
-			t.setSessionLocked(s.ID, s.TTLms, tookOffice+s.TTLms)
-			nSessions++
-		})
+		tab.ForEachWaiter(func(w locktable.WaiterInfo) { waiters = append(waiters, w) })
+		tab.ForEachSession(func(s locktable.Session) { sessions = append(sessions, s) })
 	})
+	t.h = make(itemHeap, 0, len(locks)+len(waiters)+len(sessions))
+	for _, li := range locks {
+		at := li.ExpiresAt
+		if at <= tookOffice+grace {
+			at = li.ExpiresAt + grace // never before the replicated expiry, at most one grace after
+		}
+		t.locks[li.Name] = lockTimer{token: li.Token, at: at}
+		t.h = append(t.h, item{at: at, kind: kLock, lock: li.Name, token: li.Token})
+	}
+	for _, w := range waiters {
+		t.waiters[waiterKey{w.Lock, w.ClientID}] = w.Deadline
+		t.h = append(t.h, item{at: w.Deadline, kind: kWaiter, lock: w.Lock, client: w.ClientID})
+	}
+	for _, s := range sessions {
+		d := tookOffice + s.TTLms
+		t.sessions[s.ID] = &sessionTimer{ttl: s.TTLms, deadline: d}
+		t.h = append(t.h, item{at: d, kind: kSession, id: s.ID})
+	}
+	heap.Init(&t.h)
+	nLocks, nWaiters, nSessions := len(locks), len(waiters), len(sessions)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.cancel = cancel
 	jobs := make(chan item, 1024)

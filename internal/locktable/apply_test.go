@@ -717,12 +717,13 @@ func TestReadAPI(t *testing.T) {
 		t.Errorf("Stats %+v, want %+v", got, want)
 	}
 	var held []string
-	h.tb.ForEachHeld(func(li lt.LockInfo) { held = append(held, li.Name+"="+li.ClientID) })
+	for _, li := range sortedHeld(h.tb) {
+		held = append(held, li.Name+"="+li.ClientID)
+	}
 	if want := []string{"jobs/a=c1", "jobs/b=c1", "other=c2"}; !reflect.DeepEqual(held, want) {
 		t.Errorf("ForEachHeld: %v", held)
 	}
-	var waiting []lt.WaiterInfo
-	h.tb.ForEachWaiter(func(w lt.WaiterInfo) { waiting = append(waiting, w) })
+	waiting := sortedWaiters(h.tb)
 	want := []lt.WaiterInfo{
 		{Lock: "jobs/a", Position: 0, Waiter: lt.Waiter{ClientID: "c3", TTLms: 1000, Deadline: t0 + 5000, EnqueuedAt: t0}},
 		{Lock: "jobs/a", Position: 1, Waiter: lt.Waiter{ClientID: "c4", SessionID: "s0", Deadline: t0 + 6000, EnqueuedAt: t0}},
@@ -731,7 +732,9 @@ func TestReadAPI(t *testing.T) {
 		t.Errorf("ForEachWaiter:\n got  %+v\n want %+v", waiting, want)
 	}
 	var sessions []string
-	h.tb.ForEachSession(func(s lt.Session) { sessions = append(sessions, s.ID+"/"+s.ClientID) })
+	for _, s := range sortedSessions(h.tb) {
+		sessions = append(sessions, s.ID+"/"+s.ClientID)
+	}
 	if want := []string{"s0/c0", "s1/c1"}; !reflect.DeepEqual(sessions, want) {
 		t.Errorf("ForEachSession: %v", sessions)
 	}

@@ -106,16 +106,20 @@ func FuzzRestore(f *testing.F) {
 		// Hostile but well-formed states (a free lock with waiters, a
 		// waiter of a missing session...) must still not crash Apply.
 		const late = 1 << 62
-		tb.ForEachHeld(func(li lt.LockInfo) {
+		for _, li := range sortedHeld(tb) {
 			tb.Apply(renew(li.Name, li.ClientID, li.Token, 1000, 0))
 			tb.Apply(acq(li.Name, "fuzz", 1000, 1000, 0))
-		})
-		tb.ForEachHeld(func(li lt.LockInfo) {
+		}
+		for _, li := range sortedHeld(tb) {
 			tb.Apply(rel(li.Name, li.ClientID, li.Token, 1))
 			tb.Apply(expLock(li.Name, li.Token, late))
-		})
-		tb.ForEachWaiter(func(w lt.WaiterInfo) { tb.Apply(tmo(w.Lock, w.ClientID, late)) })
-		tb.ForEachSession(func(s lt.Session) { tb.Apply(expSess(s.ID, late)) })
+		}
+		for _, w := range sortedWaiters(tb) {
+			tb.Apply(tmo(w.Lock, w.ClientID, late))
+		}
+		for _, s := range sortedSessions(tb) {
+			tb.Apply(expSess(s.ID, late))
+		}
 		tb.List("", 0)
 		tb.Stats()
 		tb.Snapshot()

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"reflect"
+	"sort"
 	"strings"
 	"testing"
 
@@ -263,4 +264,31 @@ func (w *snapWriter) strs(ss ...string) {
 	for _, s := range ss {
 		w.str(s)
 	}
+}
+
+// ForEach* visit in no particular order; tests read them sorted.
+func sortedHeld(tb *lt.Table) []lt.LockInfo {
+	var out []lt.LockInfo
+	tb.ForEachHeld(func(li lt.LockInfo) { out = append(out, li) })
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func sortedWaiters(tb *lt.Table) []lt.WaiterInfo {
+	var out []lt.WaiterInfo
+	tb.ForEachWaiter(func(w lt.WaiterInfo) { out = append(out, w) })
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Lock != out[j].Lock {
+			return out[i].Lock < out[j].Lock
+		}
+		return out[i].Position < out[j].Position
+	})
+	return out
+}
+
+func sortedSessions(tb *lt.Table) []lt.Session {
+	var out []lt.Session
+	tb.ForEachSession(func(s lt.Session) { out = append(out, s) })
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
 }

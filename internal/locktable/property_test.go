@@ -80,8 +80,7 @@ func (g *gen) command(t *rapid.T, allowBatch bool) lt.Command {
 		}
 		return expLock(lock, g.token(t, lock), g.now)
 	case k < 75:
-		var ws []lt.WaiterInfo
-		g.tb.ForEachWaiter(func(w lt.WaiterInfo) { ws = append(ws, w) })
+		ws := sortedWaiters(g.tb)
 		if len(ws) == 0 {
 			return tmo(lock, rapid.SampledFrom(pClients).Draw(t, "client"), g.now)
 		}

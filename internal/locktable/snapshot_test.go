@@ -91,15 +91,9 @@ func view(tb *lt.Table) map[string]any {
 		"members": tb.Members(),
 		"stats":   tb.Stats(),
 	}
-	var held []lt.LockInfo
-	tb.ForEachHeld(func(li lt.LockInfo) { held = append(held, li) })
-	v["held"] = held
-	var waiters []lt.WaiterInfo
-	tb.ForEachWaiter(func(w lt.WaiterInfo) { waiters = append(waiters, w) })
-	v["waiters"] = waiters
-	var sessions []lt.Session
-	tb.ForEachSession(func(s lt.Session) { sessions = append(sessions, s) })
-	v["sessions"] = sessions
+	v["held"] = sortedHeld(tb)
+	v["waiters"] = sortedWaiters(tb)
+	v["sessions"] = sortedSessions(tb)
 	return v
 }
 

@@ -206,29 +206,30 @@ func (t *Table) Stats() Stats {
 	return s
 }
 
-// ForEachHeld calls fn for every held lock, in name order. Leader timers
-// use it to rebuild expiry timers after an election.
+// ForEachHeld calls fn for every held lock, in no particular order (no
+// sort: a new leader rebuilds its timers from it while Apply waits). Never
+// use it where order reaches the replicated state.
 func (t *Table) ForEachHeld(fn func(LockInfo)) {
-	for _, name := range sortedKeys(t.locks) {
-		if l := t.locks[name]; l.Holder != nil {
+	for _, l := range t.locks {
+		if l.Holder != nil {
 			fn(l.info())
 		}
 	}
 }
 
-// ForEachWaiter calls fn for every waiter, lock by lock in name order.
+// ForEachWaiter calls fn for every waiter, each lock's in queue order, the
+// locks in no particular order.
 func (t *Table) ForEachWaiter(fn func(WaiterInfo)) {
-	for _, name := range sortedKeys(t.locks) {
-		for i, w := range t.locks[name].Waiters {
+	for name, l := range t.locks {
+		for i, w := range l.Waiters {
 			fn(WaiterInfo{Lock: name, Waiter: w, Position: i})
 		}
 	}
 }
 
-// ForEachSession calls fn for every session, in id order.
+// ForEachSession calls fn for every session, in no particular order.
 func (t *Table) ForEachSession(fn func(Session)) {
-	for _, id := range sortedKeys(t.sessions) {
-		s := t.sessions[id]
+	for _, s := range t.sessions {
 		fn(Session{ID: s.ID, ClientID: s.ClientID, TTLms: s.TTLms, CreatedAt: s.CreatedAt})
 	}
 }
