@@ -410,12 +410,31 @@ func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify
 			writeError(w, &apiError{code: api.CodeNoLeader, msg: "leadership changed while waiting; retry on the new leader (the queue place is kept)"})
 			return false, api.CodeNoLeader
 		case <-fallback.C:
+			// This member's table may be stale (the process was frozen past
+			// the deadline, or deposed without knowing yet) while another
+			// leader granted this very wait: only a linearizable read decides.
+			if err := h.b.ReadIndex(r.Context()); err != nil {
+				writeError(w, &apiError{code: api.CodeNoLeader, msg: "could not confirm the outcome of the wait; retry on the leader (the queue place is kept until the wait deadline)"})
+				return false, api.CodeNoLeader
+			}
 			var li locktable.LockInfo
-			h.b.View(func(t *locktable.Table) { li = t.Get(name) })
+			queued := false
+			h.b.View(func(t *locktable.Table) {
+				li = t.Get(name)
+				for _, wt := range t.Waiters(name) {
+					queued = queued || wt.ClientID == client
+				}
+			})
 			if li.Held && li.ClientID == client {
 				writeJSON(w, 200, h.grantReply(name, client, li.Token, li.ExpiresAt))
 				return false, "granted_after_wait"
 			}
+			if queued { // the committed end of the wait has not come yet
+				writeError(w, &apiError{code: api.CodeNoLeader, msg: "the end of the wait is not committed yet; retry on the leader (the queue place is kept until the wait deadline)"})
+				return false, api.CodeNoLeader
+			}
+			// Neither holding nor queued, as of a linearizable read: this
+			// wait can no longer be granted.
 			writeJSON(w, 409, api.AcquireReply{Acquired: false,
 				Error: &api.Error{Code: api.CodeWaitTimeout, Message: "timed out waiting for lock " + name}})
 			return false, api.CodeWaitTimeout

@@ -92,8 +92,10 @@ type grant struct {
 	// first acquire reply or a read showing it.
 	FirstSeen int64
 	// LB is the earliest moment the grant can have been made: the first
-	// invoke of the acquire attempts that returned it. MaxInt64 when only
-	// reads saw the grant.
+	// invoke of the acquire attempts that returned it, or of an earlier
+	// acquire of the lock by the same client whose outcome is unknown (it
+	// may have made the grant, which a later acquire by the holder returns
+	// again). MaxInt64 when only reads saw the grant.
 	LB int64
 	// ExpiryLB: the server will not end the grant on its own before this.
 	ExpiryLB int64
@@ -167,6 +169,32 @@ func grants(h History, v *violations) map[uint64]*grant {
 		case op.Kind == KindRead && op.Outcome == Ok && op.Held:
 			g := get(op, op.Lock, op.Holder, op.OutToken)
 			g.FirstSeen = min(g.FirstSeen, op.Return)
+		}
+	}
+	// SPEC: an acquire by the current holder returns the current grant. So
+	// a grant returned to an acquire may have been made by an earlier
+	// acquire of the same lock by the same client whose outcome is unknown
+	// (an unknown op may take effect at any time after it was sent): the
+	// holder's next acquire gets it back. A definite refusal (lock_held,
+	// wait_timeout) made no grant; a grant that comes of it anyway is a
+	// server bug, and does not move LB.
+	firstUnknown := map[[2]string]int64{} // (lock, client) → first invoke of an acquire with an unknown outcome
+	for _, op := range h.Ops {
+		if op.Kind != KindAcquire {
+			continue
+		}
+		if oc, keep := modelOutcome(op); keep && oc == Unknown {
+			k := [2]string{op.Lock, op.ClientID}
+			if t, ok := firstUnknown[k]; !ok || op.Invoke < t {
+				firstUnknown[k] = op.Invoke
+			}
+		}
+	}
+	for _, g := range out {
+		// Only an acquire sent before the grant was known to exist can have
+		// made it.
+		if t, ok := firstUnknown[[2]string{g.Lock, g.Client}]; ok && g.LB != math.MaxInt64 && t < g.FirstSeen {
+			g.LB = min(g.LB, t)
 		}
 	}
 	// The holder stops relying on the lock when it first tries to release

@@ -321,3 +321,109 @@ func TestCheckerTimeoutIsFailure(t *testing.T) {
 	}
 	t.Fatalf("a check that ran out of time passed: %v (result %s)", rep.Violations, rep.LinResult)
 }
+
+// TestCheckerAcceptsReGrantAfterUnknownAcquire: an acquire whose reply was
+// lost took effect; the client's next acquire of the lock (a new one, not a
+// retry) gets that grant back (SPEC: an acquire by the holder returns the
+// current grant). The grant is older than the second acquire — a token
+// issued on another lock in between is higher — and that is fine: it may
+// have been made as early as the first acquire was sent. (The Go client
+// workers do this: a wait they gave up on, then a new acquire.)
+func TestCheckerAcceptsReGrantAfterUnknownAcquire(t *testing.T) {
+	var b hb
+	b.grant("K", "z", 0, 10, 3, 1000)
+	b.release("K", "z", 3, 20, 30, Ok, "")
+	b.acquireOutcome("L", "c", 50, 3000, 5000, Unknown, "") // granted token 4 at some point; the reply was lost
+	b.grant("M", "d", 100, 110, 5, 1000)
+	b.grant("L", "c", 200, 210, 4, 5000) // the holder asks again: token 4 back
+	b.release("M", "d", 5, 300, 310, Ok, "")
+	b.release("L", "c", 4, 400, 410, Ok, "")
+	rep := check(t, b.history())
+	clean(t, rep)
+	if rep.OrderedPairs == 0 {
+		t.Fatal("no token pair was ordered: the check proved nothing")
+	}
+}
+
+// TestCheckerCatchesTokenRegressionNotExcusedByOtherAcquires: the same
+// history is a token regression when nothing sent before token 5 was known
+// can have made token 4: the earlier acquire was refused (a definite
+// wait_timeout or lock_held makes no grant), was another client's, was of
+// another lock, or was sent after token 5 was known.
+func TestCheckerCatchesTokenRegressionNotExcusedByOtherAcquires(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		lock, client string
+		inv          int64
+		outcome      Outcome
+		code         string
+	}{
+		{"refused wait_timeout", "L", "c", 0, Fail, "wait_timeout"},
+		{"refused lock_held", "L", "c", 0, Fail, "lock_held"},
+		{"another client", "L", "e", 0, Unknown, ""},
+		{"another lock", "N", "c", 0, Unknown, ""},
+		{"sent after the higher token was known", "L", "c", 150, Unknown, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b hb
+			b.acquireOutcome(tc.lock, tc.client, tc.inv, 3000, 5000, tc.outcome, tc.code)
+			b.grant("M", "d", 100, 110, 5, 1000)
+			b.grant("L", "c", 200, 210, 4, 5000)
+			b.release("M", "d", 5, 300, 310, Ok, "")
+			b.release("L", "c", 4, 400, 410, Ok, "")
+			flagged(t, check(t, b.history()), "token-order")
+		})
+	}
+}
+
+// TestCheckerCatchesStaleReadNextToUnknownOp: an op whose outcome is
+// unknown may take effect late, but it does not let a grant end early. A
+// read that finds the lock free 100 ms into a 60 s lease is stale even when
+// an acquire with a lost reply was in flight: the expiry placed before that
+// acquire cannot have happened before the lease's end, and the read
+// returned long before.
+func TestCheckerCatchesStaleReadNextToUnknownOp(t *testing.T) {
+	var b hb
+	b.grant("L", "a", 0, 10, 1, 60000)
+	b.acquireOutcome("L", "c", 20, 3000, 60000, Unknown, "")
+	b.read("L", 100, 110, "", 0)
+	flagged(t, check(t, b.history()), "linearizability")
+
+	// After the lease could have run out, the same read is fine, and so is
+	// the unknown acquire taking the lock then.
+	var c hb
+	c.grant("L", "a", 0, 10, 1, 1000)
+	c.acquireOutcome("L", "c", 20, 3000, 60000, Unknown, "")
+	c.read("L", 1100, 1110, "", 0)
+	c.read("L", 1200, 1210, "c", 2)
+	clean(t, check(t, c.history()))
+}
+
+// TestCheckerCatchesGrantOfATimedOutWait: a client told wait_timeout is
+// later seen holding the lock, and no other acquire of its could have made
+// that grant. The chaos soak (seed 2027, run 20261129-094759, lock e17-l1)
+// found this: a leader frozen past a waiter's deadline answered
+// wait_timeout from its stale table while the new leader had granted the
+// wait (bugs_test.go, TestPausedLeaderDoesNotDenyAGrantedWait). With the
+// same wait's outcome unknown instead, the history is fine.
+func TestCheckerCatchesGrantOfATimedOutWait(t *testing.T) {
+	for _, refused := range []bool{true, false} {
+		t.Run(fmt.Sprintf("refused=%t", refused), func(t *testing.T) {
+			var b hb
+			b.grant("L", "h", 0, 10, 1, 1500)
+			w := b.acquireOutcome("L", "w", 100, 5000, 3000, Unknown, "")
+			w.WaitMs = 900
+			if refused {
+				w.Outcome, w.Code = Fail, "wait_timeout"
+			}
+			b.read("L", 200, 210, "h", 1)
+			b.read("L", 4800, 4810, "w", 2) // the wait was granted (TTL 3 s)
+			rep := check(t, b.history())
+			if refused {
+				flagged(t, rep, "linearizability")
+			} else {
+				clean(t, rep)
+			}
+		})
+	}
+}

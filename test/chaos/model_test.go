@@ -26,17 +26,27 @@ type lockState struct {
 	// Released lists ";client/token" of releases that took effect: a
 	// retried release of one of them is answered "released" again.
 	Released string
+	// After: a grant ended on its own (TTL, session) in this linearization,
+	// which happened no earlier than that grant's Bound; every op placed
+	// after it took effect later still, so its reply cannot come before
+	// After. Without this, an expiry placed before an op whose outcome is
+	// unknown (Return +inf) could serve every later op, however early.
+	After int64
 }
 
 func (s lockState) String() string {
+	after := ""
+	if s.After > 0 {
+		after = ", later ops return ≥" + ms(s.After)
+	}
 	if !s.Held {
-		return fmt.Sprintf("free (max token %d)", s.MaxTok)
+		return fmt.Sprintf("free (max token %d%s)", s.MaxTok, after)
 	}
 	tok := "?"
 	if s.Token != 0 {
 		tok = strconv.FormatUint(s.Token, 10)
 	}
-	return fmt.Sprintf("held by %s token %s until ≥%s (max token %d)", s.Client, tok, ms(s.Bound), s.MaxTok)
+	return fmt.Sprintf("held by %s token %s until ≥%s (max token %d%s)", s.Client, tok, ms(s.Bound), s.MaxTok, after)
 }
 
 // learn fixes an unknown token, or checks a known one.
@@ -79,11 +89,17 @@ func (s lockState) holds(op Op) bool {
 // step returns every state the lock can be in after op, from state s. Time
 // only enters through expiry: before any op, a grant whose Bound has passed
 // by the op's reply may have ended on its own (a TTL, a session). For an op
-// whose outcome is unknown, Return is +inf.
+// whose outcome is unknown, Return is +inf; the expiry then happened at or
+// after Bound, which every later op's reply must not precede (After).
 func step(s lockState, op Op) []lockState {
+	if op.Return < s.After {
+		return nil // it returned before an expiry placed ahead of it could happen
+	}
 	pre := []lockState{s}
 	if s.Held && s.Bound <= op.Return {
-		pre = append(pre, s.free())
+		q := s.free()
+		q.After = max(q.After, s.Bound)
+		pre = append(pre, q)
 	}
 	var out []lockState
 	for _, p := range pre {
@@ -245,7 +261,7 @@ func lockModel() porcupine.Model {
 		Hash: func(state any) uint64 {
 			s := state.(lockState)
 			h := fnv.New64a()
-			fmt.Fprintf(h, "%t|%s|%d|%d|%d|%s", s.Held, s.Client, s.Token, s.Bound, s.MaxTok, s.Released)
+			fmt.Fprintf(h, "%t|%s|%d|%d|%d|%s|%d", s.Held, s.Client, s.Token, s.Bound, s.MaxTok, s.Released, s.After)
 			return h.Sum64()
 		},
 		DescribeOperation: func(input, _ any) string { return input.(Op).String() },
