@@ -98,6 +98,7 @@ func benchMain(args []string) int {
 	setupsFlag := fs.String("setups", "leader,spread", "client setups: leader (clients on the leader), spread (client i on member i mod N; lockd clients get all endpoints)")
 	systemsFlag := fs.String("systems", "lockd,etcd", "systems: lockd (client package, WebSocket sessions), etcd, lockd-http (plain HTTP API)")
 	sessionTTL := fs.Duration("session-ttl", 10*time.Second, "session TTL of every client of both systems (keepalives every third)")
+	lockdFlags := fs.String("lockd-flags", "", "extra lockd flags for every member, space-separated (e.g. \"--log-store wal\")")
 	etcdConns := fs.Int("etcd-clients", 1, "clientv3 clients (gRPC connections) the etcd workers of one run share; at least one per member in the spread setup (default 1, as etcd advises: one client per process)")
 	opTimeout := fs.Duration("op-timeout", 30*time.Second, "bound of one acquire or release")
 	cpuProfile := fs.String("cpuprofile", "", "write a pprof CPU profile of lockbench itself (the clients) to this file")
@@ -155,10 +156,11 @@ func benchMain(args []string) int {
 	rep := &report{Started: time.Now(), Workloads: wls}
 	rep.Host = describeHost(repo)
 	rep.Config = benchConfig{Members: cf.members, Duration: duration.String(), Warmup: warmup.String(), Rounds: *rounds,
-		Setups: setups, Systems: sysNames, SessionTTL: sessionTTL.String(), EtcdConns: *etcdConns, Quick: *quick}
+		Setups: setups, Systems: sysNames, SessionTTL: sessionTTL.String(), EtcdConns: *etcdConns, Quick: *quick,
+		LockdFlags: strings.Fields(*lockdFlags)}
 
 	fmt.Fprintf(os.Stderr, "starting %d-member lockd and etcd clusters in %s ...\n", cf.members, dir)
-	lc, err := startLockd(ctx, bin, filepath.Join(dir, "lockd"), cf.members, nil)
+	lc, err := startLockd(ctx, bin, filepath.Join(dir, "lockd"), cf.members, rep.Config.LockdFlags)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lockbench:", err)
 		return 1

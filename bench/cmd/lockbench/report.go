@@ -98,6 +98,7 @@ type benchConfig struct {
 	SessionTTL string   `json:"session_ttl"`
 	EtcdConns  int      `json:"etcd_clients_per_run"`
 	Quick      bool     `json:"quick"`
+	LockdFlags []string `json:"lockd_flags,omitempty"`
 }
 
 func aggregate(runs []*runResult) []*aggResult {
