@@ -86,8 +86,8 @@ func runChaos(t *testing.T, cfg runConfig) {
 	rec := NewRecorder()
 	fence := StartFencestore(t)
 	cluster := StartCluster(t, ClusterOptions{Members: cfg.Members, Spares: 1, Seed: cfg.Seed,
-		Extra: []string{"--snapshot-threshold", "200", "--snapshot-interval", "1s", "--trailing-logs", "100",
-			"--log-level", "info", "--raft-log-level", "warn"}})
+		Extra: append([]string{"--snapshot-threshold", "200", "--snapshot-interval", "1s", "--trailing-logs", "100",
+			"--log-level", "info", "--raft-log-level", "warn"}, strings.Fields(*flagLockd)...)})
 	startup := time.Since(begin)
 	cfg.Duration = runBudget(t, cfg.Duration)
 	t.Logf("chaos run: %d members, %s, seed %d, faults %s", cfg.Members, cfg.Duration, cfg.Seed, strings.Join(cfg.Faults, ","))
