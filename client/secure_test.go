@@ -16,6 +16,7 @@ import (
 	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/server"
 	"github.com/lockd/lockd/internal/testutil"
+	"github.com/lockd/lockd/internal/tlsfiles"
 )
 
 const (
@@ -46,8 +47,8 @@ func newSecureCluster(t *testing.T) (*testutil.Cluster, *tls.Config) {
 	}
 	c := testutil.NewCluster(t, 3, testutil.Options{Modify: func(cfg *server.Config) {
 		cert, key := ca.Issue(cfg.ID)
-		cfg.TLS = &server.TLSFiles{Cert: cert, Key: key, CA: ca.CertPEM}
-		cfg.PeerTLS = &server.TLSFiles{Cert: cert, Key: key, CA: ca.CertPEM}
+		cfg.TLS = &tlsfiles.Files{Cert: cert, Key: key, CA: ca.CertPEM}
+		cfg.PeerTLS = &tlsfiles.Files{Cert: cert, Key: key, CA: ca.CertPEM}
 		cfg.Auth = store
 		cfg.PeerToken = tokenAdmin
 	}})

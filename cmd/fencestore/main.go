@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/fence"
+	"github.com/lockd/lockd/internal/tlsfiles"
 )
 
 func main() {
@@ -88,10 +89,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	var certs *tlsFiles
+	var certs *tlsfiles.Files
 	if cfg.TLS() {
-		certs = &tlsFiles{cert: cfg.TLSCert, key: cfg.TLSKey, ca: cfg.ClientCA}
-		if err := certs.reload(); err != nil {
+		certs = &tlsfiles.Files{Cert: cfg.TLSCert, Key: cfg.TLSKey, CA: cfg.ClientCA}
+		if err := certs.Reload(); err != nil {
 			return err
 		}
 	}
@@ -100,7 +101,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	if certs != nil {
-		ln = tls.NewListener(ln, certs.config())
+		ln = tls.NewListener(ln, certs.ServerConfig())
 		// SIGHUP re-reads the certificate files (only with TLS: without it
 		// SIGHUP keeps its default meaning).
 		hup := make(chan os.Signal, 1)
@@ -118,7 +119,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 			for {
 				select {
 				case <-hup:
-					if err := certs.reload(); err != nil {
+					if err := certs.Reload(); err != nil {
 						log.Error("TLS files not reloaded; the previous ones stay in use", "err", err)
 					} else {
 						log.Info("TLS files reloaded", "cert", cfg.TLSCert, "client_ca", cfg.ClientCA)

@@ -42,42 +42,45 @@ func (e *env) acquire(ctx context.Context, args []string) int {
 	if !ok {
 		return code
 	}
-	a, err := e.api()
-	if err != nil {
-		return e.setupFailed(err)
+	r, code := e.prepare(ctx, pos, *wait)
+	if r == nil {
+		return code
 	}
-	ctx, cancel := e.ctx(ctx, *wait)
-	defer cancel()
+	defer r.cancel()
 	name := pos[0]
-	rep, err := a.Acquire(ctx, name, e.clientID(), *ttl, *wait)
+	rep, err := r.api.Acquire(r.ctx, name, e.clientID(), *ttl, *wait)
 	if err != nil {
-		e.nameHolder(a, name, &err)
+		e.nameHolder(r.api, name, &err)
 		return e.fail(err, "lock "+name)
 	}
 	e.print(rep, fmt.Sprintf("%s acquired token=%d expires_at=%s client_id=%s", name, rep.FencingToken, orDash(rep.ExpiresAt), orDash(rep.ClientID)))
 	return exitOK
 }
 
+// tokenRequest parses a command that needs --token (release, renew).
+func (e *env) tokenRequest(ctx context.Context, fs *flag.FlagSet, token *uint64, args []string) (*request, int) {
+	pos, code, ok := e.parse(fs, args, "NAME")
+	if !ok {
+		return nil, code
+	}
+	if *token == 0 {
+		return nil, usageErr(e.stderr, fmt.Errorf("%s: --token is required", fs.Name()))
+	}
+	return e.prepare(ctx, pos, 0)
+}
+
 func (e *env) release(ctx context.Context, args []string) int {
 	fs := e.command("release", "release NAME --token N")
 	token := fs.Uint64("token", 0, "fencing token of the grant (required)")
-	pos, code, ok := e.parse(fs, args, "NAME")
-	if !ok {
+	r, code := e.tokenRequest(ctx, fs, token, args)
+	if r == nil {
 		return code
 	}
-	if *token == 0 {
-		return usageErr(e.stderr, fmt.Errorf("release: --token is required"))
+	defer r.cancel()
+	if err := r.api.Release(r.ctx, r.pos[0], e.clientID(), *token); err != nil {
+		return e.fail(err, "lock "+r.pos[0])
 	}
-	a, err := e.api()
-	if err != nil {
-		return e.setupFailed(err)
-	}
-	ctx, cancel := e.ctx(ctx, 0)
-	defer cancel()
-	if err := a.Release(ctx, pos[0], e.clientID(), *token); err != nil {
-		return e.fail(err, "lock "+pos[0])
-	}
-	e.print(api.ReleaseReply{Released: true}, pos[0]+" released")
+	e.print(api.ReleaseReply{Released: true}, r.pos[0]+" released")
 	return exitOK
 }
 
@@ -85,24 +88,16 @@ func (e *env) renew(ctx context.Context, args []string) int {
 	fs := e.command("renew", "renew NAME --token N [--ttl 30s]")
 	token := fs.Uint64("token", 0, "fencing token of the grant (required)")
 	ttl := fs.Duration("ttl", 0, "new TTL (default: the lock's)")
-	pos, code, ok := e.parse(fs, args, "NAME")
-	if !ok {
+	r, code := e.tokenRequest(ctx, fs, token, args)
+	if r == nil {
 		return code
 	}
-	if *token == 0 {
-		return usageErr(e.stderr, fmt.Errorf("renew: --token is required"))
-	}
-	a, err := e.api()
+	defer r.cancel()
+	rep, err := r.api.Renew(r.ctx, r.pos[0], e.clientID(), *token, *ttl)
 	if err != nil {
-		return e.setupFailed(err)
+		return e.fail(err, "lock "+r.pos[0])
 	}
-	ctx, cancel := e.ctx(ctx, 0)
-	defer cancel()
-	rep, err := a.Renew(ctx, pos[0], e.clientID(), *token, *ttl)
-	if err != nil {
-		return e.fail(err, "lock "+pos[0])
-	}
-	e.print(rep, fmt.Sprintf("%s renewed expires_at=%s", pos[0], orDash(rep.ExpiresAt)))
+	e.print(rep, fmt.Sprintf("%s renewed expires_at=%s", r.pos[0], orDash(rep.ExpiresAt)))
 	return exitOK
 }
 
@@ -117,19 +112,14 @@ func statusLine(st api.LockStatus) string {
 func (e *env) status(ctx context.Context, args []string) int {
 	fs := e.command("status", "status NAME [--stale]")
 	stale := fs.Bool("stale", false, "let any member answer from its local state")
-	pos, code, ok := e.parse(fs, args, "NAME")
-	if !ok {
+	r, code := e.request(ctx, fs, args, "NAME")
+	if r == nil {
 		return code
 	}
-	a, err := e.api()
+	defer r.cancel()
+	st, err := r.api.Status(r.ctx, r.pos[0], *stale)
 	if err != nil {
-		return e.setupFailed(err)
-	}
-	ctx, cancel := e.ctx(ctx, 0)
-	defer cancel()
-	st, err := a.Status(ctx, pos[0], *stale)
-	if err != nil {
-		return e.fail(err, "lock "+pos[0])
+		return e.fail(err, "lock "+r.pos[0])
 	}
 	e.print(st, statusLine(*st))
 	return exitOK
@@ -138,16 +128,12 @@ func (e *env) status(ctx context.Context, args []string) int {
 func (e *env) list(ctx context.Context, args []string) int {
 	fs := e.command("list", "list [--prefix P]")
 	prefix := fs.String("prefix", "", "only locks whose name starts with P")
-	if _, code, ok := e.parse(fs, args); !ok {
+	r, code := e.request(ctx, fs, args)
+	if r == nil {
 		return code
 	}
-	a, err := e.api()
-	if err != nil {
-		return e.setupFailed(err)
-	}
-	ctx, cancel := e.ctx(ctx, 0)
-	defer cancel()
-	locks, err := a.List(ctx, *prefix)
+	defer r.cancel()
+	locks, err := r.api.List(r.ctx, *prefix)
 	if err != nil {
 		return e.fail(err, "list")
 	}
@@ -177,19 +163,25 @@ type request struct {
 	cancel context.CancelFunc
 }
 
-// request parses a subcommand's flags, then builds the API client (global
-// flags such as --endpoints may follow the subcommand, so only now) and the
-// request's context. A nil request means: exit with the code.
+// request parses a subcommand's flags and prepares the call.
 func (e *env) request(ctx context.Context, fs *flag.FlagSet, args []string, names ...string) (*request, int) {
 	pos, code, ok := e.parse(fs, args, names...)
 	if !ok {
 		return nil, code
 	}
+	return e.prepare(ctx, pos, 0)
+}
+
+// prepare builds the API client (only after the subcommand's flags are
+// parsed: global flags such as --endpoints may follow the subcommand) and
+// the request's context, which allows extra time beyond --timeout (a wait).
+// A nil request means: exit with the code.
+func (e *env) prepare(ctx context.Context, pos []string, extra time.Duration) (*request, int) {
 	a, err := e.api()
 	if err != nil {
 		return nil, e.setupFailed(err)
 	}
-	rctx, cancel := e.ctx(ctx, 0)
+	rctx, cancel := e.ctx(ctx, extra)
 	return &request{pos: pos, api: a, ctx: rctx, cancel: cancel}, 0
 }
 

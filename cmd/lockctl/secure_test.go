@@ -16,6 +16,7 @@ import (
 	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/server"
 	"github.com/lockd/lockd/internal/testutil"
+	"github.com/lockd/lockd/internal/tlsfiles"
 )
 
 const (
@@ -57,8 +58,8 @@ func (s *secureSetup) cluster(t *testing.T, n int) *testutil.Cluster {
 	t.Helper()
 	return testutil.NewCluster(t, n, testutil.Options{Modify: func(cfg *server.Config) {
 		cert, key := s.ca.Issue(cfg.ID)
-		cfg.TLS = &server.TLSFiles{Cert: cert, Key: key, CA: s.ca.CertPEM}
-		cfg.PeerTLS = &server.TLSFiles{Cert: cert, Key: key, CA: s.ca.CertPEM}
+		cfg.TLS = &tlsfiles.Files{Cert: cert, Key: key, CA: s.ca.CertPEM}
+		cfg.PeerTLS = &tlsfiles.Files{Cert: cert, Key: key, CA: s.ca.CertPEM}
 		cfg.Auth = s.store
 		cfg.PeerToken = tokenAdmin
 	}})

@@ -20,6 +20,7 @@ import (
 	"github.com/lockd/lockd/fence"
 	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/server"
+	"github.com/lockd/lockd/internal/tlsfiles"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -52,7 +53,7 @@ func run(args []string, stderr io.Writer) int {
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.RaftLogLevel, "raft-log-level", "warn", "level of hashicorp/raft's own log lines")
-	apiTLS, peerTLS := &server.TLSFiles{}, &server.TLSFiles{}
+	apiTLS, peerTLS := &tlsfiles.Files{}, &tlsfiles.Files{}
 	fs.StringVar(&apiTLS.Cert, "tls-cert", "", "certificate (PEM) for the client API: serve HTTPS")
 	fs.StringVar(&apiTLS.Key, "tls-key", "", "private key (PEM) of --tls-cert")
 	fs.StringVar(&apiTLS.CA, "client-ca", "", "CA bundle (PEM): client API callers must present a certificate it signed (mTLS)")

@@ -240,17 +240,6 @@ func (t *Timers) Keepalive(id string) (int64, error) {
 	return s.ttl, nil
 }
 
-// SessionDeadline returns when a session expires unless kept alive.
-func (t *Timers) SessionDeadline(id string) (time.Time, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s, ok := t.sessions[id]
-	if !ok {
-		return time.Time{}, false
-	}
-	return time.UnixMilli(s.deadline), true
-}
-
 // Observe updates timers from the events of a committed command.
 func (t *Timers) Observe(events []locktable.Event) {
 	if len(events) == 0 {

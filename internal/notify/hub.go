@@ -28,22 +28,20 @@ const subBuffer = 256
 type Hub struct {
 	mu   sync.Mutex
 	subs map[string]map[*Sub]struct{}
-	all  map[*Sub]struct{}
 }
 
 // NewHub returns an empty hub.
 func NewHub() *Hub {
-	return &Hub{subs: map[string]map[*Sub]struct{}{}, all: map[*Sub]struct{}{}}
+	return &Hub{subs: map[string]map[*Sub]struct{}{}}
 }
 
 // Sub is one subscription.
 type Sub struct {
-	hub    *Hub
-	key    string
-	anyKey bool
-	ch     chan locktable.Event
-	done   chan struct{}
-	err    error
+	hub  *Hub
+	key  string
+	ch   chan locktable.Event
+	done chan struct{}
+	err  error
 }
 
 // Subscribe returns a subscription to every event about clientID.
@@ -56,15 +54,6 @@ func (h *Hub) Subscribe(clientID string) *Sub {
 		h.subs[clientID] = m
 	}
 	m[s] = struct{}{}
-	h.mu.Unlock()
-	return s
-}
-
-// SubscribeAll returns a subscription to every event.
-func (h *Hub) SubscribeAll() *Sub {
-	s := &Sub{hub: h, anyKey: true, ch: make(chan locktable.Event, subBuffer), done: make(chan struct{})}
-	h.mu.Lock()
-	h.all[s] = struct{}{}
 	h.mu.Unlock()
 	return s
 }
@@ -97,10 +86,6 @@ func (h *Hub) endLocked(s *Sub, err error) {
 	}
 	s.err = err
 	close(s.done)
-	if s.anyKey {
-		delete(h.all, s)
-		return
-	}
 	if m := h.subs[s.key]; m != nil {
 		delete(m, s)
 		if len(m) == 0 {
@@ -118,12 +103,7 @@ func (h *Hub) Publish(events []locktable.Event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, ev := range events {
-		if ev.ClientID != "" {
-			for s := range h.subs[ev.ClientID] {
-				h.deliverLocked(s, ev)
-			}
-		}
-		for s := range h.all {
+		for s := range h.subs[ev.ClientID] {
 			h.deliverLocked(s, ev)
 		}
 	}
@@ -146,8 +126,5 @@ func (h *Hub) Reset(err error) {
 		for s := range m {
 			h.endLocked(s, err)
 		}
-	}
-	for s := range h.all {
-		h.endLocked(s, err)
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -142,8 +141,6 @@ type Node struct {
 
 	notifyCh chan bool
 	changed  chan struct{} // coalesced leadership-change signal
-	isLeader atomic.Bool
-	epoch    atomic.Uint64 // bumps on every leadership change seen
 	hadState bool
 
 	proposals  chan proposal
@@ -324,9 +321,7 @@ func (n *Node) watchLeadership() {
 	defer n.wg.Done()
 	for {
 		select {
-		case v := <-n.notifyCh:
-			n.isLeader.Store(v)
-			n.epoch.Add(1)
+		case <-n.notifyCh:
 			select {
 			case n.changed <- struct{}{}:
 			default:
@@ -338,14 +333,11 @@ func (n *Node) watchLeadership() {
 }
 
 // LeadershipChanged signals (coalesced) that leadership may have changed;
-// read IsLeader and Epoch after it fires.
+// read IsLeader and Term after it fires.
 func (n *Node) LeadershipChanged() <-chan struct{} { return n.changed }
 
 // IsLeader reports what Raft last told: a hint, not a lease.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
-
-// Epoch counts leadership changes seen by this member.
-func (n *Node) Epoch() uint64 { return n.epoch.Load() }
 
 // HadState reports whether the data dir held Raft state at start (a
 // restart rather than a new member).
@@ -376,9 +368,6 @@ func (n *Node) CommitIndex() uint64 { return n.raft.CommitIndex() }
 // machine (entries of every type; the FSM may still be applying the last
 // few commands).
 func (n *Node) AppliedIndex() uint64 { return n.raft.AppliedIndex() }
-
-// LastContact is when this member last heard from a leader.
-func (n *Node) LastContact() time.Time { return n.raft.LastContact() }
 
 // Stats returns hashicorp/raft's own counters.
 func (n *Node) Stats() map[string]string { return n.raft.Stats() }
@@ -619,9 +608,6 @@ func (n *Node) RestoreSnapshot(data []byte) error {
 	n.fsm.raise(n.raft.AppliedIndex())
 	return nil
 }
-
-// Snapshot asks Raft for a snapshot now.
-func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
 
 // Shutdown stops the member: leadership is handed over first when this
 // member leads (a few ms instead of an election timeout of unavailability),

@@ -17,6 +17,7 @@ import (
 
 	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/raftnode"
+	"github.com/lockd/lockd/internal/tlsfiles"
 )
 
 // Config configures one member. Zero durations take the LAN defaults.
@@ -53,12 +54,12 @@ type Config struct {
 
 	// TLS serves the client API over HTTPS; with TLS.CA, clients must
 	// present a certificate signed by it (mTLS).
-	TLS *TLSFiles
+	TLS *tlsfiles.Files
 	// PeerTLS secures the Raft transport with mutual TLS (CA required): a
 	// process without a certificate signed by PeerTLS.CA can neither join
 	// nor send Raft traffic. Members also use it for the HTTP calls they make
 	// to each other (joining, publishing addresses).
-	PeerTLS *TLSFiles
+	PeerTLS *tlsfiles.Files
 	// Auth turns on bearer-token authentication of the client API.
 	Auth *auth.Store
 	// PeerToken is the (admin) token members send on their calls to each

@@ -18,11 +18,12 @@ import (
 	"github.com/lockd/lockd/internal/locktable"
 	"github.com/lockd/lockd/internal/server"
 	"github.com/lockd/lockd/internal/testutil"
+	"github.com/lockd/lockd/internal/tlsfiles"
 )
 
-func peerTLS(ca *testutil.CA, name string) *server.TLSFiles {
+func peerTLS(ca *testutil.CA, name string) *tlsfiles.Files {
 	cert, key := ca.Issue(name)
-	return &server.TLSFiles{Cert: cert, Key: key, CA: ca.CertPEM}
+	return &tlsfiles.Files{Cert: cert, Key: key, CA: ca.CertPEM}
 }
 
 // TestRaftMutualTLS: members with certificates from the cluster CA form a
@@ -156,8 +157,8 @@ func TestTokensAndTLSOnTheClientAPI(t *testing.T) {
 	}
 	c := testutil.NewCluster(t, 3, testutil.Options{Modify: func(cfg *server.Config) {
 		cert, key := ca.Issue(cfg.ID)
-		cfg.TLS = &server.TLSFiles{Cert: cert, Key: key, CA: ca.CertPEM}
-		cfg.PeerTLS = &server.TLSFiles{Cert: cert, Key: key, CA: ca.CertPEM}
+		cfg.TLS = &tlsfiles.Files{Cert: cert, Key: key, CA: ca.CertPEM}
+		cfg.PeerTLS = &tlsfiles.Files{Cert: cert, Key: key, CA: ca.CertPEM}
 		cfg.Auth = store
 		cfg.PeerToken = "token-for-members-0001"
 	}})

@@ -72,7 +72,7 @@ func New(cfg Config) (*Server, error) {
 			ln.Close()
 			return nil, fmt.Errorf("client API TLS: %w", err)
 		}
-		ln = tls.NewListener(ln, cfg.TLS.serverConfig())
+		ln = tls.NewListener(ln, cfg.TLS.ServerConfig())
 		scheme = "https://"
 	}
 	s.httpLn = ln
@@ -95,9 +95,9 @@ func New(cfg Config) (*Server, error) {
 				return nil, fmt.Errorf("listen on --raft-addr %s: %w", cfg.RaftAddr, err)
 			}
 		}
-		raftLn = tls.NewListener(raftLn, cfg.PeerTLS.serverConfig())
-		raftDial = tlsDialer(raftDial, cfg.PeerTLS)
-		transport.DialTLSContext = cfg.PeerTLS.dialTLS
+		raftLn = tls.NewListener(raftLn, cfg.PeerTLS.ServerConfig())
+		raftDial = cfg.PeerTLS.Dialer(raftDial)
+		transport.DialTLSContext = cfg.PeerTLS.DialTLS
 	}
 	s.client = &http.Client{Timeout: 10 * time.Second, Transport: &tokenTransport{base: transport, token: cfg.PeerToken}}
 

@@ -1,4 +1,8 @@
-package server
+// Package tlsfiles is one TLS identity read from PEM files (certificate, key
+// and an optional CA) that can be re-read while serving, so certificates
+// rotate without a restart. lockd's client API and Raft transport and
+// fencestore all use it.
+package tlsfiles
 
 import (
 	"context"
@@ -12,9 +16,10 @@ import (
 	"time"
 )
 
-// TLSFiles names the PEM files of one TLS identity. Reload re-reads them,
-// so certificates rotate without a restart (lockd does it on SIGHUP).
-type TLSFiles struct {
+// Files names the PEM files of one TLS identity. Reload re-reads them,
+// so certificates rotate without a restart (lockd and fencestore do it on
+// SIGHUP); each new handshake uses what was last loaded.
+type Files struct {
 	Cert, Key string
 	// CA verifies the other side: client certificates on the client API
 	// (mTLS, optional), both directions on the Raft transport (required).
@@ -26,10 +31,10 @@ type TLSFiles struct {
 }
 
 // Enabled reports whether a certificate is configured.
-func (f *TLSFiles) Enabled() bool { return f != nil && f.Cert != "" }
+func (f *Files) Enabled() bool { return f != nil && f.Cert != "" }
 
 // Reload reads the files; on error the previous ones stay in use.
-func (f *TLSFiles) Reload() error {
+func (f *Files) Reload() error {
 	if f.Cert == "" || f.Key == "" {
 		return errors.New("a certificate needs both the cert and the key file")
 	}
@@ -54,15 +59,15 @@ func (f *TLSFiles) Reload() error {
 	return nil
 }
 
-func (f *TLSFiles) current() (*tls.Certificate, *x509.CertPool) {
+func (f *Files) current() (*tls.Certificate, *x509.CertPool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.cert, f.pool
 }
 
-// serverConfig serves the certificate; with a CA, it requires and verifies
+// ServerConfig serves the certificate; with a CA, it requires and verifies
 // client certificates.
-func (f *TLSFiles) serverConfig() *tls.Config {
+func (f *Files) ServerConfig() *tls.Config {
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -81,9 +86,9 @@ func (f *TLSFiles) serverConfig() *tls.Config {
 	return cfg
 }
 
-// clientConfig presents the certificate and verifies the server (named
+// ClientConfig presents the certificate and verifies the server (named
 // host) against the CA, or the system roots when no CA is set.
-func (f *TLSFiles) clientConfig(host string) *tls.Config {
+func (f *Files) ClientConfig(host string) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		ServerName: host,
@@ -136,15 +141,15 @@ func verifyChain(raw [][]byte, pool *x509.CertPool, usage x509.ExtKeyUsage) erro
 	return err
 }
 
-// dialTLS is an http.Transport DialTLSContext that verifies each member's
+// DialTLS is an http.Transport DialTLSContext that verifies each member's
 // certificate for the host it dials, against the current CA.
-func (f *TLSFiles) dialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
+func (f *Files) DialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
 	raw, err := (&net.Dialer{Timeout: 10 * time.Second}).DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
 	host, _, _ := net.SplitHostPort(addr)
-	c := tls.Client(raw, f.clientConfig(host))
+	c := tls.Client(raw, f.ClientConfig(host))
 	if err := c.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		return nil, err
@@ -152,8 +157,9 @@ func (f *TLSFiles) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 	return c, nil
 }
 
-// tlsDialer dials Raft peers with mutual TLS.
-func tlsDialer(base func(string, time.Duration) (net.Conn, error), f *TLSFiles) func(string, time.Duration) (net.Conn, error) {
+// Dialer wraps a dial function (nil: plain TCP) with a mutual-TLS handshake
+// verifying the dialed host.
+func (f *Files) Dialer(base func(string, time.Duration) (net.Conn, error)) func(string, time.Duration) (net.Conn, error) {
 	if base == nil {
 		base = func(addr string, timeout time.Duration) (net.Conn, error) {
 			return net.DialTimeout("tcp", addr, timeout)
@@ -165,7 +171,7 @@ func tlsDialer(base func(string, time.Duration) (net.Conn, error), f *TLSFiles) 
 			return nil, err
 		}
 		host, _, _ := net.SplitHostPort(addr)
-		c := tls.Client(raw, f.clientConfig(host))
+		c := tls.Client(raw, f.ClientConfig(host))
 		_ = c.SetDeadline(time.Now().Add(timeout))
 		if err := c.Handshake(); err != nil {
 			raw.Close()
