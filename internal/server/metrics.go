@@ -58,26 +58,10 @@ func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collect
 		Name: "lockd_events_total",
 		Help: "Committed state changes: grants, releases, expiries, wait timeouts, session expiries.",
 	}, []string{"kind"})
-	stat := func(name, help string, f func(locktable.Stats) float64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
-			var st locktable.Stats
-			s.node.View(func(t *locktable.Table) { st = t.Stats() })
-			return f(st)
-		})
-	}
-	raftStat := func(name, help, key string) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
-			v, _ := strconv.ParseFloat(s.node.Stats()[key], 64)
-			return v
-		})
-	}
 	m.collectors = []prometheus.Collector{
 		m.proposeSeconds, m.acquireSeconds, m.acquires, m.events,
 		m.grants, m.releases, m.expiries, m.waitTimeouts, m.sessionExpired, m.wsConns,
-		stat("lockd_locks_held", "Locks currently held.", func(st locktable.Stats) float64 { return float64(st.Held) }),
-		stat("lockd_waiters", "Acquires waiting in lock queues.", func(st locktable.Stats) float64 { return float64(st.Waiters) }),
-		stat("lockd_sessions", "Live client sessions.", func(st locktable.Stats) float64 { return float64(st.Sessions) }),
-		stat("lockd_fencing_token_high_water", "Highest fencing token issued.", func(st locktable.Stats) float64 { return float64(st.LastToken) }),
+		newStateCollector(s),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lockd_is_leader", Help: "1 when this member is the ready leader."},
 			func() float64 {
 				if s.Ready() {
@@ -85,10 +69,6 @@ func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collect
 				}
 				return 0
 			}),
-		raftStat("lockd_raft_term", "Current Raft term.", "term"),
-		raftStat("lockd_raft_commit_index", "Raft commit index.", "commit_index"),
-		raftStat("lockd_raft_applied_index", "Raft applied index.", "applied_index"),
-		raftStat("lockd_raft_last_snapshot_index", "Index of the last snapshot.", "last_snapshot_index"),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}
@@ -102,6 +82,51 @@ func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collect
 		}
 	}
 	return m
+}
+
+// stateCollector reads the lock table's counts and Raft's stats once per
+// scrape: both cost a walk (the table's under the lock Apply needs, Raft's
+// through its main loop), so each is done once, not once per gauge.
+type stateCollector struct {
+	s                                *Server
+	held, waiters, sessions, token   *prometheus.Desc
+	term, commit, applied, snapIndex *prometheus.Desc
+}
+
+func newStateCollector(s *Server) *stateCollector {
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
+	return &stateCollector{s: s,
+		held:      d("lockd_locks_held", "Locks currently held."),
+		waiters:   d("lockd_waiters", "Acquires waiting in lock queues."),
+		sessions:  d("lockd_sessions", "Live client sessions."),
+		token:     d("lockd_fencing_token_high_water", "Highest fencing token issued."),
+		term:      d("lockd_raft_term", "Current Raft term."),
+		commit:    d("lockd_raft_commit_index", "Raft commit index."),
+		applied:   d("lockd_raft_applied_index", "Raft applied index."),
+		snapIndex: d("lockd_raft_last_snapshot_index", "Index of the last snapshot."),
+	}
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.held, c.waiters, c.sessions, c.token, c.term, c.commit, c.applied, c.snapIndex} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	var st locktable.Stats
+	c.s.node.View(func(t *locktable.Table) { st = t.Stats() })
+	g := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	g(c.held, float64(st.Held))
+	g(c.waiters, float64(st.Waiters))
+	g(c.sessions, float64(st.Sessions))
+	g(c.token, float64(st.LastToken))
+	rs := c.s.node.Stats()
+	for d, key := range map[*prometheus.Desc]string{c.term: "term", c.commit: "commit_index",
+		c.applied: "applied_index", c.snapIndex: "last_snapshot_index"} {
+		v, _ := strconv.ParseFloat(rs[key], 64)
+		g(d, v)
+	}
 }
 
 func (m *metrics) unregister() {
