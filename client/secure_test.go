@@ -7,16 +7,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/lockd/lockd/client"
-	"github.com/lockd/lockd/internal/auth"
-	"github.com/lockd/lockd/internal/server"
 	"github.com/lockd/lockd/internal/testutil"
-	"github.com/lockd/lockd/internal/tlsfiles"
 )
 
 const (
@@ -32,26 +28,12 @@ const (
 func newSecureCluster(t *testing.T) (*testutil.Cluster, *tls.Config) {
 	t.Helper()
 	ca := testutil.NewCA(t, "client-test-ca")
-	path := filepath.Join(t.TempDir(), "tokens.json")
-	tokens := `{"tokens": [
-	  {"name": "team-a", "token": "` + tokenTeamA + `", "permissions": [{"prefix": "a/", "access": "lock"}]},
-	  {"name": "viewer", "token": "` + tokenViewer + `", "permissions": [{"prefix": "", "access": "read"}]},
-	  {"name": "members", "token": "` + tokenAdmin + `", "permissions": [{"prefix": "", "access": "admin"}]}
-	]}`
-	if err := os.WriteFile(path, []byte(tokens), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	store, err := auth.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := testutil.NewCluster(t, 3, testutil.Options{Modify: func(cfg *server.Config) {
-		cert, key := ca.Issue(cfg.ID)
-		cfg.TLS = &tlsfiles.Files{Cert: cert, Key: key, CA: ca.CertPEM}
-		cfg.PeerTLS = &tlsfiles.Files{Cert: cert, Key: key, CA: ca.CertPEM}
-		cfg.Auth = store
-		cfg.PeerToken = tokenAdmin
-	}})
+	_, store := testutil.AuthFile(t, `{"tokens": [
+	  {"name": "team-a", "token": "`+tokenTeamA+`", "permissions": [{"prefix": "a/", "access": "lock"}]},
+	  {"name": "viewer", "token": "`+tokenViewer+`", "permissions": [{"prefix": "", "access": "read"}]},
+	  {"name": "members", "token": "`+tokenAdmin+`", "permissions": [{"prefix": "", "access": "admin"}]}
+	]}`)
+	c := testutil.NewCluster(t, 3, testutil.Options{Modify: testutil.Secure(ca, store, tokenAdmin)})
 	pem, err := os.ReadFile(ca.CertPEM)
 	if err != nil {
 		t.Fatal(err)

@@ -14,9 +14,7 @@ import (
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/internal/auth"
-	"github.com/lockd/lockd/internal/server"
 	"github.com/lockd/lockd/internal/testutil"
-	"github.com/lockd/lockd/internal/tlsfiles"
 )
 
 const (
@@ -36,18 +34,10 @@ type secureSetup struct {
 func newSecureSetup(t *testing.T) *secureSetup {
 	t.Helper()
 	ca := testutil.NewCA(t, "lockctl-test-ca")
-	path := filepath.Join(t.TempDir(), "tokens.json")
-	tokens := `{"tokens": [
-	  {"name": "team-a", "token": "` + tokenTeamA + `", "permissions": [{"prefix": "a/", "access": "lock"}]},
-	  {"name": "members", "token": "` + tokenAdmin + `", "permissions": [{"prefix": "", "access": "admin"}]}
-	]}`
-	if err := os.WriteFile(path, []byte(tokens), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	store, err := auth.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, store := testutil.AuthFile(t, `{"tokens": [
+	  {"name": "team-a", "token": "`+tokenTeamA+`", "permissions": [{"prefix": "a/", "access": "lock"}]},
+	  {"name": "members", "token": "`+tokenAdmin+`", "permissions": [{"prefix": "", "access": "admin"}]}
+	]}`)
 	cert, key := ca.Issue("lockctl")
 	return &secureSetup{ca: ca, cert: cert, key: key, store: store}
 }
@@ -56,13 +46,7 @@ func newSecureSetup(t *testing.T) *secureSetup {
 // TLS between members, and the tokens.
 func (s *secureSetup) cluster(t *testing.T, n int) *testutil.Cluster {
 	t.Helper()
-	return testutil.NewCluster(t, n, testutil.Options{Modify: func(cfg *server.Config) {
-		cert, key := s.ca.Issue(cfg.ID)
-		cfg.TLS = &tlsfiles.Files{Cert: cert, Key: key, CA: s.ca.CertPEM}
-		cfg.PeerTLS = &tlsfiles.Files{Cert: cert, Key: key, CA: s.ca.CertPEM}
-		cfg.Auth = s.store
-		cfg.PeerToken = tokenAdmin
-	}})
+	return testutil.NewCluster(t, n, testutil.Options{Modify: testutil.Secure(s.ca, s.store, tokenAdmin)})
 }
 
 // endpointsFollowersFirst joins the members' URLs, followers first, so

@@ -9,12 +9,10 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/locktable"
 	"github.com/lockd/lockd/internal/server"
 	"github.com/lockd/lockd/internal/testutil"
@@ -104,15 +102,6 @@ func TestRaftMutualTLS(t *testing.T) {
 	}
 }
 
-func writeAuthFile(t *testing.T, tokens string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "tokens.json")
-	if err := os.WriteFile(p, []byte(tokens), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 func call(t *testing.T, client *http.Client, method, url, token string, body any) (int, map[string]any) {
 	t.Helper()
 	var rd io.Reader
@@ -150,18 +139,8 @@ func TestTokensAndTLSOnTheClientAPI(t *testing.T) {
 	  {"name": "viewer", "token": "token-for-viewers-0001", "permissions": [{"prefix": "", "access": "read"}]},
 	  {"name": "members", "token": "token-for-members-0001", "permissions": [{"prefix": "", "access": "admin"}]}
 	]}`
-	path := writeAuthFile(t, tokens)
-	store, err := auth.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := testutil.NewCluster(t, 3, testutil.Options{Modify: func(cfg *server.Config) {
-		cert, key := ca.Issue(cfg.ID)
-		cfg.TLS = &tlsfiles.Files{Cert: cert, Key: key, CA: ca.CertPEM}
-		cfg.PeerTLS = &tlsfiles.Files{Cert: cert, Key: key, CA: ca.CertPEM}
-		cfg.Auth = store
-		cfg.PeerToken = "token-for-members-0001"
-	}})
+	path, store := testutil.AuthFile(t, tokens)
+	c := testutil.NewCluster(t, 3, testutil.Options{Modify: testutil.Secure(ca, store, "token-for-members-0001")})
 	l := c.WaitLeader(15 * time.Second)
 	if !strings.HasPrefix(l.URL(), "https://") {
 		t.Fatalf("leader URL %s is not https", l.URL())
