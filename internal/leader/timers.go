@@ -145,9 +145,6 @@ func (t *Timers) Start() {
 	}
 	t.running = true
 	t.h = nil
-	t.locks = map[string]lockTimer{}
-	t.waiters = map[waiterKey]int64{}
-	t.sessions = map[string]*sessionTimer{}
 	tookOffice := t.now()
 	grace := t.cfg.Grace.Milliseconds()
 	// Copy what the timers need while holding the state's read lock, and
@@ -170,6 +167,11 @@ func (t *Timers) Start() {
 		tab.ForEachWaiter(func(w locktable.WaiterInfo) { waiters = append(waiters, w) })
 		tab.ForEachSession(func(s locktable.Session) { sessions = append(sessions, s) })
 	})
+	// Sized up front: growing maps of a million entries rehashes them
+	// again and again while the new leader is not yet serving.
+	t.locks = make(map[string]lockTimer, len(locks))
+	t.waiters = make(map[waiterKey]int64, len(waiters))
+	t.sessions = make(map[string]*sessionTimer, len(sessions))
 	t.h = make(itemHeap, 0, len(locks)+len(waiters)+len(sessions))
 	for _, li := range locks {
 		at := li.ExpiresAt

@@ -91,6 +91,33 @@ func (r *reader) string() string {
 	return s
 }
 
+// internString reads a string like string, but returns the copy kept in
+// seen when the same bytes came before: a snapshot repeats each client and
+// session id once per lock, and one shared copy saves an allocation and
+// its memory per repetition. seen stops growing at maxInterned entries.
+func (r *reader) internString(seen map[string]string) string {
+	n := r.uvarint()
+	if r.err != nil {
+		return ""
+	}
+	if n > maxString || n > uint64(len(r.b)) {
+		r.fail("string length out of bounds")
+		return ""
+	}
+	b := r.b[:n]
+	r.b = r.b[n:]
+	if s, ok := seen[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if len(seen) < maxInterned {
+		seen[s] = s
+	}
+	return s
+}
+
+const maxInterned = 1 << 16
+
 // count reads a collection length and checks it against what the remaining
 // bytes could possibly hold (each element takes at least minSize bytes).
 func (r *reader) count(minSize int) int {

@@ -84,18 +84,29 @@ func Restore(b []byte) (*Table, error) {
 	}
 	t := New()
 	t.lastToken = r.uvarint()
+	ids := map[string]string{} // client and session ids, shared (internString)
 
 	n := r.count(4)
+	t.sessions = make(map[string]*Session, n)
 	for i := 0; i < n && r.err == nil; i++ {
-		s := &Session{ID: r.string(), ClientID: r.string(), TTLms: r.varint(), CreatedAt: r.varint()}
+		s := &Session{ID: r.internString(ids), ClientID: r.internString(ids), TTLms: r.varint(), CreatedAt: r.varint()}
 		t.sessions[s.ID] = s
 	}
 
 	n = r.count(3)
+	t.locks = make(map[string]*Lock, n)
 	for i := 0; i < n && r.err == nil; i++ {
-		l := &Lock{Name: r.string()}
+		// A lock and its holder in one allocation: restoring a million
+		// held locks is dominated by allocation and GC.
+		lh := &struct {
+			l Lock
+			h Holder
+		}{}
+		l := &lh.l
+		l.Name = r.string()
 		if r.byte() == 1 {
-			h := &Holder{ClientID: r.string(), SessionID: r.string(), Token: r.uvarint(),
+			h := &lh.h
+			*h = Holder{ClientID: r.internString(ids), SessionID: r.internString(ids), Token: r.uvarint(),
 				TTLms: r.varint(), ExpiresAt: r.varint(), GrantedAt: r.varint()}
 			if h.Token > t.lastToken {
 				r.fail("holder token above counter")
@@ -106,8 +117,11 @@ func Restore(b []byte) (*Table, error) {
 			}
 		}
 		wn := r.count(5)
+		if wn > 0 {
+			l.Waiters = make([]Waiter, 0, wn)
+		}
 		for j := 0; j < wn && r.err == nil; j++ {
-			q := Waiter{ClientID: r.string(), SessionID: r.string(), TTLms: r.varint(),
+			q := Waiter{ClientID: r.internString(ids), SessionID: r.internString(ids), TTLms: r.varint(),
 				Deadline: r.varint(), EnqueuedAt: r.varint()}
 			l.Waiters = append(l.Waiters, q)
 			if s, ok := t.sessions[q.SessionID]; ok {
