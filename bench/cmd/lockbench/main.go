@@ -23,6 +23,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -96,7 +97,7 @@ func benchMain(args []string) int {
 	rounds := fs.Int("rounds", 2, "runs per system per workload and setup (A B A B ...)")
 	wlFlag := fs.String("workloads", "a,b,c,d,e", "workloads to run, from a,b,c,d,e")
 	setupsFlag := fs.String("setups", "leader,spread", "client setups: leader (clients on the leader), spread (client i on member i mod N; lockd clients get all endpoints)")
-	systemsFlag := fs.String("systems", "lockd,etcd", "systems: lockd (client package, WebSocket sessions), etcd, lockd-http (plain HTTP API)")
+	systemsFlag := fs.String("systems", "lockd,lockd-wal,etcd", "systems: lockd (client package, WebSocket sessions; default log store raft-boltdb), lockd-wal (the same on a second cluster with --log-store wal), etcd, lockd-http (plain HTTP API)")
 	sessionTTL := fs.Duration("session-ttl", 10*time.Second, "session TTL of every client of both systems (keepalives every third)")
 	lockdFlags := fs.String("lockd-flags", "", "extra lockd flags for every member, space-separated (e.g. \"--log-store wal\")")
 	etcdConns := fs.Int("etcd-clients", 1, "clientv3 clients (gRPC connections) the etcd workers of one run share; at least one per member in the spread setup (default 1, as etcd advises: one client per process)")
@@ -173,11 +174,23 @@ func benchMain(args []string) int {
 	}
 	defer ec.stop()
 
+	var lw *lockdCluster // the raft-wal cluster, only when asked for
+	if slices.Contains(sysNames, "lockd-wal") {
+		lw, err = startLockd(ctx, bin, filepath.Join(dir, "lockd-wal"), cf.members, append(slices.Clone(rep.Config.LockdFlags), "--log-store", "wal"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lockbench:", err)
+			return 1
+		}
+		defer lw.stop()
+	}
+
 	var systems []system
 	for _, n := range sysNames {
 		switch n {
 		case "lockd":
 			systems = append(systems, &lockdSystem{c: lc, sessionTTL: *sessionTTL})
+		case "lockd-wal":
+			systems = append(systems, &lockdSystem{c: lw, sessionTTL: *sessionTTL, label: "lockd-wal"})
 		case "lockd-http":
 			systems = append(systems, &lockdHTTPSystem{lockdSystem{c: lc, sessionTTL: *sessionTTL}})
 		case "etcd":
@@ -225,9 +238,8 @@ loop:
 	prog.close()
 	rep.Finished = time.Now()
 	rep.Summary = aggregate(rep.Runs)
-	rep.Ratios = ratios(rep.Summary, wls, "lockd")
-	if len(rep.Ratios) == 0 {
-		rep.Ratios = ratios(rep.Summary, wls, "lockd-http")
+	for _, n := range []string{"lockd", "lockd-wal", "lockd-http"} {
+		rep.Ratios = append(rep.Ratios, ratios(rep.Summary, wls, n)...)
 	}
 
 	var md strings.Builder

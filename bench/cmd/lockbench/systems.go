@@ -105,9 +105,15 @@ func rotate(eps []string, i int) []string {
 type lockdSystem struct {
 	c          *lockdCluster
 	sessionTTL time.Duration
+	label      string // "lockd", or "lockd-wal" for the cluster on raft-wal
 }
 
-func (s *lockdSystem) name() string      { return "lockd" }
+func (s *lockdSystem) name() string {
+	if s.label != "" {
+		return s.label
+	}
+	return "lockd"
+}
 func (s *lockdSystem) serverPIDs() []int { return s.c.pids() }
 func (s *lockdSystem) leaderPID(ctx context.Context) int {
 	if l, err := s.c.leader(ctx); err == nil && l.p != nil {
