@@ -60,6 +60,9 @@ type acquireOp struct {
 
 	sess   *session // the session it was last sent in
 	conn   *wsConn  // the connection it was last sent on
+	// resent: it went out on an earlier connection that failed before the
+	// answer, so that send may have been granted (see ErrMaybeGrantedLost).
+	resent bool
 	reqID  uint64
 	sentAt time.Time
 
@@ -199,6 +202,7 @@ func (c *Client) prepAcquireLocked(op *acquireOp, force bool) []byte {
 	delete(c.opByID, op.reqID)
 	op.reqID = c.nextID()
 	c.opByID[op.reqID] = op
+	op.resent = op.resent || (op.conn != nil && op.conn != cs)
 	op.conn, op.sess, op.sentAt = cs, c.sess, time.Now()
 
 	var wait time.Duration
@@ -316,6 +320,9 @@ func (c *Client) onAcquireErrorLocked(cs *wsConn, op *acquireOp, m *api.WSMessag
 		if !op.try {
 			err = waitTimeoutErr(op.name, se)
 		}
+	}
+	if op.resent && (se.API.Code == api.CodeLockHeld || se.API.Code == api.CodeWaitTimeout) {
+		err = fmt.Errorf("%w: %w", ErrMaybeGrantedLost, err)
 	}
 	c.finishLocked(op, nil, err)
 	return nil

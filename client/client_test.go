@@ -554,3 +554,42 @@ func TestFence(t *testing.T) {
 		t.Fatalf("headers %v, proof %q", req.Header, l.Proof())
 	}
 }
+
+// A wait granted and lost while the client was cut off: after the
+// reconnect, the re-sent acquire finds the lock with the next waiter, and
+// the error says that an earlier send may have been granted (a history of
+// grants must not count the attempt as refused).
+func TestResentAcquireFindingLockHeldMayHaveBeenGranted(t *testing.T) {
+	f := newFake(t, lockdtest.Options{})
+	a := newClient(t, f, client.Config{ClientID: "a"})
+	b := newClient(t, f, client.Config{ClientID: "b"})
+	c := newClient(t, f, client.Config{ClientID: "c"})
+	if _, err := a.Acquire(t.Context(), "m"); err != nil {
+		t.Fatal(err)
+	}
+	gb := acquireAsync(t, b, "m", client.WithWaitTimeout(2*time.Second))
+	eventually(t, 2*time.Second, "b queued", func() bool { return equal(f.Waiters("m"), []string{"b"}) })
+	gc := acquireAsync(t, c, "m")
+	eventually(t, 2*time.Second, "c queued", func() bool { return equal(f.Waiters("m"), []string{"b", "c"}) })
+
+	f.Partition(true)
+	f.ExpireLock("m") // b is granted; the push is dropped
+	if h, _, _ := f.Holder("m"); h != "b" {
+		t.Fatalf("holder %q, want b", h)
+	}
+	f.ExpireLock("m") // b's grant ends unheard; c is granted
+	// Drop the connections before healing, so the pushes queued while cut
+	// off die with them.
+	f.DropConnections()
+	f.Partition(false)
+
+	select {
+	case r := <-gb:
+		if !errors.Is(r.err, client.ErrMaybeGrantedLost) || !errors.Is(r.err, client.ErrWaitTimeout) {
+			t.Fatalf("b's acquire: lock %v, err %v; want ErrMaybeGrantedLost and ErrWaitTimeout", r.l, r.err)
+		}
+	case <-time.After(6 * time.Second):
+		t.Fatal("b's acquire not answered")
+	}
+	waitAcquired(t, gc, 5*time.Second)
+}

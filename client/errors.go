@@ -43,6 +43,14 @@ var (
 	ErrReleased = errors.New("lockd: lock released")
 	// ErrClosed: the Client was closed.
 	ErrClosed = errors.New("lockd: client closed")
+
+	// ErrMaybeGrantedLost comes with ErrLockHeld or ErrWaitTimeout when an
+	// acquire was re-sent after its connection failed: an earlier send may
+	// have been granted, and that grant ended (its TTL or the session ran
+	// out) before the client could hear of it. The caller does not hold the
+	// lock either way; a history of grants must count the attempt as
+	// possibly granted.
+	ErrMaybeGrantedLost = errors.New("lockd: an earlier send of this acquire may have been granted and lost while the client was away")
 )
 
 // ServerError is an error reply from lockd. It matches the sentinel of its

@@ -77,18 +77,21 @@ func (r *reader) varint() int64 {
 	return v
 }
 
-func (r *reader) string() string {
+func (r *reader) string() string { return string(r.stringBytes()) }
+
+// stringBytes reads a length-prefixed string without copying it.
+func (r *reader) stringBytes() []byte {
 	n := r.uvarint()
 	if r.err != nil {
-		return ""
+		return nil
 	}
 	if n > maxString || n > uint64(len(r.b)) {
 		r.fail("string length out of bounds")
-		return ""
+		return nil
 	}
-	s := string(r.b[:n])
+	b := r.b[:n]
 	r.b = r.b[n:]
-	return s
+	return b
 }
 
 // internString reads a string like string, but returns the copy kept in
@@ -96,16 +99,7 @@ func (r *reader) string() string {
 // session id once per lock, and one shared copy saves an allocation and
 // its memory per repetition. seen stops growing at maxInterned entries.
 func (r *reader) internString(seen map[string]string) string {
-	n := r.uvarint()
-	if r.err != nil {
-		return ""
-	}
-	if n > maxString || n > uint64(len(r.b)) {
-		r.fail("string length out of bounds")
-		return ""
-	}
-	b := r.b[:n]
-	r.b = r.b[n:]
+	b := r.stringBytes()
 	if s, ok := seen[string(b)]; ok {
 		return s
 	}

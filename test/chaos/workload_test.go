@@ -642,6 +642,10 @@ func (w *Workload) clientWorker(ctx context.Context, id int, rng *rand.Rand) {
 		case err == nil:
 			op.Outcome, op.OutToken = Ok, l.Token()
 			op.ExpiryLB = min(expiryLB(op.Invoke, ttl), w.rec.At(l.Deadline()))
+		case errors.Is(err, client.ErrMaybeGrantedLost):
+			// Re-sent after a reconnect: the first send may have been
+			// granted and lost while the client was away.
+			op.Outcome, op.Err = Unknown, err.Error()
 		case errors.As(err, &se) && (se.API.Code == api.CodeLockHeld || se.API.Code == api.CodeWaitTimeout):
 			op.Outcome, op.Code, op.Holder = Fail, se.API.Code, se.Holder
 		case errors.Is(err, client.ErrLockHeld), errors.Is(err, client.ErrClosed):
