@@ -58,8 +58,8 @@ type acquireOp struct {
 	// onGrantedLocked); a second late one is taken as it is.
 	refreshed bool
 
-	sess   *session // the session it was last sent in
-	conn   *wsConn  // the connection it was last sent on
+	sess *session // the session it was last sent in
+	conn *wsConn  // the connection it was last sent on
 	// resent: it went out on an earlier connection that failed before the
 	// answer, so that send may have been granted (see ErrMaybeGrantedLost).
 	resent bool
