@@ -12,6 +12,7 @@ import (
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/client/lockdtest"
+	"github.com/lockd/lockd/internal/testutil"
 )
 
 func TestGrantIsPushed(t *testing.T) {
@@ -25,7 +26,7 @@ func TestGrantIsPushed(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := acquireAsync(t, b, "jobs/nightly")
-	eventually(t, 2*time.Second, "b queued", func() bool { return equal(f.Waiters("jobs/nightly"), []string{"b"}) })
+	testutil.WaitFor(t, 2*time.Second, "b queued", func() bool { return equal(f.Waiters("jobs/nightly"), []string{"b"}) })
 	select {
 	case r := <-got:
 		t.Fatalf("b got the lock while a holds it: %+v", r)
@@ -60,7 +61,7 @@ func TestFIFO(t *testing.T) {
 		c := newClient(t, f, client.Config{ClientID: id})
 		chans = append(chans, acquireAsync(t, c, "q"))
 		queued = append(queued, id)
-		eventually(t, 2*time.Second, id+" queued", func() bool { return equal(f.Waiters("q"), queued) })
+		testutil.WaitFor(t, 2*time.Second, id+" queued", func() bool { return equal(f.Waiters("q"), queued) })
 	}
 	if err := l.Release(t.Context()); err != nil {
 		t.Fatal(err)
@@ -95,14 +96,14 @@ func TestResumeAfterDropKeepsSessionAndQueuePlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	gb := acquireAsync(t, b, "r")
-	eventually(t, 2*time.Second, "b queued", func() bool { return equal(f.Waiters("r"), []string{"b"}) })
+	testutil.WaitFor(t, 2*time.Second, "b queued", func() bool { return equal(f.Waiters("r"), []string{"b"}) })
 	gc := acquireAsync(t, c, "r")
-	eventually(t, 2*time.Second, "c queued", func() bool { return equal(f.Waiters("r"), []string{"b", "c"}) })
+	testutil.WaitFor(t, 2*time.Second, "c queued", func() bool { return equal(f.Waiters("r"), []string{"b", "c"}) })
 	sa, sb := a.SessionID(), b.SessionID()
 	_, resumed0 := f.Hellos()
 
 	f.DropConnections()
-	eventually(t, 3*time.Second, "three resumes", func() bool { _, r := f.Hellos(); return r >= resumed0+3 && f.Conns() == 3 })
+	testutil.WaitFor(t, 3*time.Second, "three resumes", func() bool { _, r := f.Hellos(); return r >= resumed0+3 && f.Conns() == 3 })
 
 	if a.SessionID() != sa || b.SessionID() != sb {
 		t.Fatalf("sessions changed: %s→%s, %s→%s", sa, a.SessionID(), sb, b.SessionID())
@@ -132,11 +133,11 @@ func TestLeaderChangeResumesOnNewLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	gb := acquireAsync(t, b, "L")
-	eventually(t, 2*time.Second, "b queued", func() bool { return equal(f.Waiters("L"), []string{"b"}) })
+	testutil.WaitFor(t, 2*time.Second, "b queued", func() bool { return equal(f.Waiters("L"), []string{"b"}) })
 	sa := a.SessionID()
 
 	f.SetLeader(2)
-	eventually(t, 5*time.Second, "both reconnected", func() bool { _, r := f.Hellos(); return r >= 2 && f.Conns() == 2 })
+	testutil.WaitFor(t, 5*time.Second, "both reconnected", func() bool { _, r := f.Hellos(); return r >= 2 && f.Conns() == 2 })
 	if isClosed(la.Lost()) || a.SessionID() != sa {
 		t.Fatalf("failover lost the lock (%v) or the session (%s→%s)", la.Err(), sa, a.SessionID())
 	}
@@ -188,7 +189,7 @@ func TestSessionExpiredOnServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	pending := acquireAsync(t, c, "s2")
-	eventually(t, 2*time.Second, "c queued", func() bool { return equal(f.Waiters("s2"), []string{"c"}) })
+	testutil.WaitFor(t, 2*time.Second, "c queued", func() bool { return equal(f.Waiters("s2"), []string{"c"}) })
 	old := c.SessionID()
 	done := c.Done()
 
@@ -207,7 +208,7 @@ func TestSessionExpiredOnServer(t *testing.T) {
 		t.Fatal("pending acquire not failed")
 	}
 	// A fresh session serves later calls.
-	eventually(t, 3*time.Second, "a new session", func() bool { s := c.SessionID(); return s != old && !isClosed(c.Done()) })
+	testutil.WaitFor(t, 3*time.Second, "a new session", func() bool { s := c.SessionID(); return s != old && !isClosed(c.Done()) })
 	if _, err := c.TryAcquire(t.Context(), "s1"); err != nil {
 		t.Fatal(err)
 	}
@@ -241,12 +242,12 @@ func TestLocalLeaseBeatsServerExpiry(t *testing.T) {
 		t.Fatal("Done open after the session lease ran out")
 	}
 	endedAt := time.Time{}
-	eventually(t, 3*time.Second, "server expires the session", func() bool { var ok bool; endedAt, ok = f.SessionEnded(sid); return ok })
+	testutil.WaitFor(t, 3*time.Second, "server expires the session", func() bool { var ok bool; endedAt, ok = f.SessionEnded(sid); return ok })
 	if !lostAt.Before(endedAt) {
 		t.Fatalf("Lost at %v not before the server's expiry at %v", lostAt, endedAt)
 	}
 	f.Partition(false)
-	eventually(t, 5*time.Second, "a new session after healing", func() bool { return c.SessionID() != sid && !isClosed(c.Done()) })
+	testutil.WaitFor(t, 5*time.Second, "a new session after healing", func() bool { return c.SessionID() != sid && !isClosed(c.Done()) })
 	if _, err := c.TryAcquire(t.Context(), "cut"); err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +285,7 @@ func TestAutoRenew(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := f.LockExpires("renewed")
-	eventually(t, 3*time.Second, "renewed well past the first TTL", func() bool {
+	testutil.WaitFor(t, 3*time.Second, "renewed well past the first TTL", func() bool {
 		return f.LockExpires("renewed").After(first.Add(900 * time.Millisecond))
 	})
 	if isClosed(l.Lost()) {
@@ -466,7 +467,7 @@ func TestAbandonedWaitIsReleased(t *testing.T) {
 	if err := la.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "the unwanted grant released", func() bool { _, _, held := f.Holder("ab"); return !held })
+	testutil.WaitFor(t, 2*time.Second, "the unwanted grant released", func() bool { _, _, held := f.Holder("ab"); return !held })
 }
 
 // Goroutines of one client acquiring one lock take turns.
@@ -515,7 +516,7 @@ func TestLateGrantOfTTLLockIsRefreshed(t *testing.T) {
 		t.Fatal(err)
 	}
 	gb := acquireAsync(t, b, "late", client.WithTTL(400*time.Millisecond))
-	eventually(t, 2*time.Second, "b queued", func() bool { return equal(f.Waiters("late"), []string{"b"}) })
+	testutil.WaitFor(t, 2*time.Second, "b queued", func() bool { return equal(f.Waiters("late"), []string{"b"}) })
 	time.Sleep(300 * time.Millisecond) // let b's wait eat most of its TTL
 	if err := la.Release(t.Context()); err != nil {
 		t.Fatal(err)
@@ -568,9 +569,9 @@ func TestResentAcquireFindingLockHeldMayHaveBeenGranted(t *testing.T) {
 		t.Fatal(err)
 	}
 	gb := acquireAsync(t, b, "m", client.WithWaitTimeout(2*time.Second))
-	eventually(t, 2*time.Second, "b queued", func() bool { return equal(f.Waiters("m"), []string{"b"}) })
+	testutil.WaitFor(t, 2*time.Second, "b queued", func() bool { return equal(f.Waiters("m"), []string{"b"}) })
 	gc := acquireAsync(t, c, "m")
-	eventually(t, 2*time.Second, "c queued", func() bool { return equal(f.Waiters("m"), []string{"b", "c"}) })
+	testutil.WaitFor(t, 2*time.Second, "c queued", func() bool { return equal(f.Waiters("m"), []string{"b", "c"}) })
 
 	f.Partition(true)
 	f.ExpireLock("m") // b is granted; the push is dropped

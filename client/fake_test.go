@@ -68,18 +68,6 @@ func newClient(t *testing.T, f *lockdtest.Cluster, cfg client.Config) *client.Cl
 	return c
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // waitClosed waits for ch to close.
 func waitClosed(t *testing.T, ch <-chan struct{}, within time.Duration, what string) {
 	t.Helper()

@@ -9,6 +9,7 @@ import (
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/client/lockdtest"
+	"github.com/lockd/lockd/internal/testutil"
 )
 
 func newAPI(t *testing.T, endpoints ...string) *client.API {
@@ -65,7 +66,7 @@ func TestAPILocks(t *testing.T) {
 		_, err := a.Acquire(ctx, "jobs/nightly", "w2", 0, 5*time.Second)
 		got <- err
 	}()
-	eventually(t, 2*time.Second, "w2 queued", func() bool { return equal(f.Waiters("jobs/nightly"), []string{"w2"}) })
+	testutil.WaitFor(t, 2*time.Second, "w2 queued", func() bool { return equal(f.Waiters("jobs/nightly"), []string{"w2"}) })
 	if err := a.Release(ctx, "jobs/nightly", "w1", rep.FencingToken); err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/fence"
+	"github.com/lockd/lockd/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -235,7 +235,7 @@ func buildBinary(t *testing.T, dir string) string {
 // proc is a running fencestore.
 type proc struct {
 	cmd  *exec.Cmd
-	logs *syncBuffer
+	logs *testutil.SyncBuffer
 	base string
 	// tls is the client TLS configuration for an HTTPS fencestore.
 	tls *tls.Config
@@ -243,7 +243,7 @@ type proc struct {
 
 func startBinary(t *testing.T, bin string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(bin, args...), logs: &syncBuffer{}}
+	p := &proc{cmd: exec.Command(bin, args...), logs: &testutil.SyncBuffer{}}
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stderr = p.logs
 	p.cmd.Stdout = p.logs
@@ -265,7 +265,7 @@ func startBinary(t *testing.T, bin string, env []string, args ...string) *proc {
 		if time.Now().After(deadline) {
 			t.Fatalf("fencestore did not log its address; logs:\n%s", p.logs.String())
 		}
-		for _, line := range p.logs.lines() {
+		for _, line := range lines(p.logs) {
 			var rec struct {
 				Msg  string `json:"msg"`
 				Addr string `json:"addr"`
@@ -346,25 +346,8 @@ func (p *proc) stop(t *testing.T, sig os.Signal) {
 	}
 }
 
-// syncBuffer collects a process's output; exec writes from its own goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *syncBuffer) lines() []string {
+// lines splits a process log into lines.
+func lines(b *testutil.SyncBuffer) []string {
 	var out []string
 	sc := bufio.NewScanner(strings.NewReader(b.String()))
 	for sc.Scan() {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/client/lockdtest"
+	"github.com/lockd/lockd/internal/testutil"
 )
 
 // bin is the lockctl binary built once for the tests that run it as a
@@ -237,30 +238,10 @@ func exitOf(t *testing.T, cmd *exec.Cmd, within time.Duration) int {
 	return -1
 }
 
-// syncBuffer is a bytes.Buffer safe for the writer goroutines of exec.
-type syncBuffer struct {
-	mu chan struct{}
-	b  bytes.Buffer
-}
-
-func newSyncBuffer() *syncBuffer { return &syncBuffer{mu: make(chan struct{}, 1)} }
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu <- struct{}{}
-	defer func() { <-s.mu }()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu <- struct{}{}
-	defer func() { <-s.mu }()
-	return s.b.String()
-}
-
 func TestRunPassesEnvAndExitCode(t *testing.T) {
 	f := lockdtest.New(lockdtest.Options{Proofs: true})
 	defer f.Close()
-	out := newSyncBuffer()
+	out := &testutil.SyncBuffer{}
 	cmd := runLockctl(t, f.URL(0), out, "run", "jobs/x", "--", "sh", "-c", `echo "lock=$LOCKD_LOCK token=$LOCKD_FENCING_TOKEN proof=$LOCKD_FENCING_PROOF"; exit 7`)
 	if code := exitOf(t, cmd, 10*time.Second); code != 7 {
 		t.Fatalf("exit %d, want CMD's 7; output %q", code, out)
@@ -284,9 +265,9 @@ func TestRunMutualExclusion(t *testing.T) {
 	marks := filepath.Join(t.TempDir(), "marks")
 	job := `echo "start $LOCKD_FENCING_TOKEN" >>` + marks + `; sleep 0.3; echo "end $LOCKD_FENCING_TOKEN" >>` + marks
 	var cmds []*exec.Cmd
-	var outs []*syncBuffer
+	var outs []*testutil.SyncBuffer
 	for range 3 {
-		out := newSyncBuffer()
+		out := &testutil.SyncBuffer{}
 		outs = append(outs, out)
 		cmds = append(cmds, runLockctl(t, f.URL(0), out, "run", "bar-run", "--wait", "10s", "--", "sh", "-c", job))
 	}
@@ -318,7 +299,7 @@ func TestRunLostLockStopsCommand(t *testing.T) {
 	defer f.Close()
 	dir := t.TempDir()
 	started, termed := filepath.Join(dir, "started"), filepath.Join(dir, "termed")
-	out := newSyncBuffer()
+	out := &testutil.SyncBuffer{}
 	cmd := runLockctl(t, f.URL(0), out, "run", "L", "--grace", "5s", "--", "sh", "-c",
 		`trap 'echo term > `+termed+`; exit 1' TERM; touch `+started+`; while :; do sleep 0.05; done`)
 	deadline := time.Now().Add(10 * time.Second)
@@ -356,7 +337,7 @@ func TestRunLostLockKillsAfterGrace(t *testing.T) {
 	f := lockdtest.New(lockdtest.Options{})
 	defer f.Close()
 	started := filepath.Join(t.TempDir(), "started")
-	out := newSyncBuffer()
+	out := &testutil.SyncBuffer{}
 	cmd := runLockctl(t, f.URL(0), out, "run", "L", "--grace", "300ms", "--", "sh", "-c",
 		`trap '' TERM; touch `+started+`; while :; do sleep 0.05; done`)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
@@ -381,7 +362,7 @@ func TestRunForwardsSignals(t *testing.T) {
 	f := lockdtest.New(lockdtest.Options{})
 	defer f.Close()
 	started := filepath.Join(t.TempDir(), "started")
-	out := newSyncBuffer()
+	out := &testutil.SyncBuffer{}
 	cmd := runLockctl(t, f.URL(0), out, "run", "sig", "--", "sh", "-c",
 		`trap 'echo got-term; exit 42' TERM; touch `+started+`; while :; do sleep 0.05; done`)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
@@ -411,7 +392,7 @@ func TestRunNotAcquired(t *testing.T) {
 	if code, _, _ := cli(t, env, "acquire", "busy", "--client-id", "owner"); code != 0 {
 		t.Fatal("acquire")
 	}
-	out := newSyncBuffer()
+	out := &testutil.SyncBuffer{}
 	cmd := runLockctl(t, f.URL(0), out, "run", "busy", "--wait", "200ms", "--", "true")
 	if code := exitOf(t, cmd, 5*time.Second); code != exitNotAcquired {
 		t.Fatalf("exit %d: %s", code, out)
@@ -419,12 +400,12 @@ func TestRunNotAcquired(t *testing.T) {
 	if !strings.Contains(out.String(), "timed out") || !strings.Contains(out.String(), "owner") {
 		t.Fatalf("message %q does not say timed out and by whom", out)
 	}
-	out = newSyncBuffer()
+	out = &testutil.SyncBuffer{}
 	cmd = runLockctl(t, f.URL(0), out, "run", "busy", "--", "true")
 	if code := exitOf(t, cmd, 5*time.Second); code != exitNotAcquired || !strings.Contains(out.String(), "held by owner") {
 		t.Fatalf("exit %d: %s", code, out)
 	}
-	out = newSyncBuffer()
+	out = &testutil.SyncBuffer{}
 	cmd = runLockctl(t, f.URL(0), out, "run", "free", "--", "/no/such/command")
 	if code := exitOf(t, cmd, 5*time.Second); code != 127 {
 		t.Fatalf("exit %d: %s", code, out)

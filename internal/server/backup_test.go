@@ -34,7 +34,7 @@ func TestBackupRoundTrip(t *testing.T) {
 	}
 	// A waiter queued behind ttl-lock, through the session.
 	go testutil.Post(lockURL(l, "session-lock", "acquire"), map[string]any{"client_id": "w", "ttl_ms": 60000, "wait_timeout_ms": 600000})
-	waitFor(t, 5*time.Second, "waiter queued", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "waiter queued", func() bool {
 		return testutil.Get(lockURL(l, "session-lock", "")).Body["waiters"] == float64(1)
 	})
 
@@ -68,7 +68,7 @@ func TestBackupRoundTrip(t *testing.T) {
 	if r := post(dl.URL() + "/api/v1/snapshot/restore?force=true"); r.StatusCode != 200 {
 		t.Fatalf("restore: %d", r.StatusCode)
 	}
-	waitFor(t, 10*time.Second, "every member to hold the restored state", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "every member to hold the restored state", func() bool {
 		for _, m := range dst.Up() {
 			ok := true
 			m.Srv.View(func(tab *locktable.Table) {

@@ -13,19 +13,6 @@ import (
 	"github.com/lockd/lockd/internal/testutil"
 )
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s", d, what)
-}
-
 func lockURL(m *testutil.Member, name, op string) string {
 	u := m.URL() + "/api/v1/locks/" + name
 	if op != "" {
@@ -68,7 +55,7 @@ func TestFailoverKeepsLocksFIFOAndExpiry(t *testing.T) {
 			// Three waiters queue in a known order.
 			for i, w := range []string{"w1", "w2", "w3"} {
 				go testutil.Post(lockURL(l, "q", "acquire"), map[string]any{"client_id": w, "ttl_ms": 60000, "wait_timeout_ms": 60000})
-				waitFor(t, 5*time.Second, w+" queued", func() bool {
+				testutil.WaitFor(t, 5*time.Second, w+" queued", func() bool {
 					return int(testutil.Get(lockURL(l, "q", "")).Body["waiters"].(float64)) == i+1
 				})
 			}
@@ -127,7 +114,7 @@ func TestFailoverKeepsLocksFIFOAndExpiry(t *testing.T) {
 			}
 
 			// Expiry still fires on the new leader, at most one grace late.
-			waitFor(t, 5*time.Second, "lock exp to expire on the new leader", func() bool {
+			testutil.WaitFor(t, 5*time.Second, "lock exp to expire on the new leader", func() bool {
 				return testutil.Get(lockURL(l2, "exp", "")).Body["held"] == false
 			})
 		})
@@ -159,10 +146,10 @@ func TestPartitionedLeaderGrantsNothing(t *testing.T) {
 		t.Fatalf("majority acquire: %s", maj.Raw)
 	}
 	// The old leader must have stepped down.
-	waitFor(t, 5*time.Second, "old leader to step down", func() bool { return !c.Members[old.ID].Srv.Ready() })
+	testutil.WaitFor(t, 5*time.Second, "old leader to step down", func() bool { return !c.Members[old.ID].Srv.Ready() })
 
 	c.Net.Heal()
-	waitFor(t, 10*time.Second, "every member to agree on the holder", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "every member to agree on the holder", func() bool {
 		for _, m := range c.Up() {
 			var li locktable.LockInfo
 			m.Srv.View(func(tab *locktable.Table) { li = tab.Get("p") })
@@ -186,7 +173,7 @@ func TestMembershipChangesWhileServing(t *testing.T) {
 	}
 
 	n4 := c.AddMember("n4", l.URL())
-	waitFor(t, 20*time.Second, "n4 to join as a voter and catch up", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "n4 to join as a voter and catch up", func() bool {
 		cs := testutil.Get(l.URL() + "/api/v1/cluster")
 		ms, _ := cs.Body["members"].([]any)
 		voter := false
@@ -223,7 +210,7 @@ func TestMembershipChangesWhileServing(t *testing.T) {
 	}
 	resp.Body.Close()
 	c.Kill(victim)
-	waitFor(t, 10*time.Second, "3 members after removal", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "3 members after removal", func() bool {
 		ms, _ := testutil.Get(l.URL() + "/api/v1/cluster").Body["members"].([]any)
 		return len(ms) == 3
 	})
@@ -255,7 +242,7 @@ func TestWALLogStore(t *testing.T) {
 	}
 	c.Kill(l.ID)
 	c.Restart(l.ID)
-	waitFor(t, 10*time.Second, "restarted member to have the lock", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "restarted member to have the lock", func() bool {
 		var li locktable.LockInfo
 		c.Members[l.ID].Srv.View(func(tab *locktable.Table) { li = tab.Get("w") })
 		return li.ClientID == "a" && li.Token == r.Uint("fencing_token")
@@ -280,10 +267,10 @@ func TestReadAfterFullRestartFromSnapshot(t *testing.T) {
 		testutil.Post(lockURL(l, fmt.Sprintf("k%d", i), "acquire"), map[string]any{"client_id": "a", "ttl_ms": 600000})
 	}
 	go testutil.Post(lockURL(l, "k0", "acquire"), map[string]any{"client_id": "w", "ttl_ms": 600000, "wait_timeout_ms": 600000})
-	waitFor(t, 5*time.Second, "waiter queued", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "waiter queued", func() bool {
 		return testutil.Get(lockURL(l, "k0", "")).Body["waiters"] == float64(1)
 	})
-	waitFor(t, 10*time.Second, "a snapshot on every member", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "a snapshot on every member", func() bool {
 		for _, m := range c.Up() {
 			if m.Srv.Node().Stats()["last_snapshot_index"] == "0" {
 				return false

@@ -75,7 +75,7 @@ func TestRaftMutualTLS(t *testing.T) {
 	rogue := c.AddMember("rogue", l.URL(), func(cfg *server.Config) { cfg.PeerTLS = peerTLS(evil, "rogue") })
 	// It is added as a non-voter, never catches up, and is removed again.
 	sawNonvoter := false
-	waitFor(t, 10*time.Second, "the rogue to be taken out of the configuration", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the rogue to be taken out of the configuration", func() bool {
 		servers, err := l.Srv.Node().Servers()
 		if err != nil {
 			return false
@@ -147,7 +147,7 @@ func TestTokensAndTLSOnTheClientAPI(t *testing.T) {
 	}
 	// Followers publish their addresses through the leader with the peer
 	// token: every member becomes ready.
-	waitFor(t, 10*time.Second, "every member ready", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "every member ready", func() bool {
 		for _, m := range c.Up() {
 			if ok, _ := m.Srv.Readyz(); !ok {
 				return false

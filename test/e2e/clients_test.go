@@ -4,7 +4,6 @@ package e2e
 // real lockd processes, hurt with SIGKILL and cut off by a TCP proxy.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -74,50 +73,20 @@ func (pc *procCluster) call(method, path string, body any) testutil.Reply {
 	}
 }
 
-// waitFor polls cond every 10 ms until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // waitWaiters waits until lock name has at least n committed waiters.
 func (pc *procCluster) waitWaiters(t *testing.T, name string, n int) {
 	t.Helper()
-	waitFor(t, 10*time.Second, fmt.Sprintf("%d waiter(s) on %s", n, name), func() bool {
+	testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("%d waiter(s) on %s", n, name), func() bool {
 		r := pc.lockStatus(name)
 		return r.Status == 200 && int(r.Uint("waiters")) >= n
 	})
-}
-
-// syncBuf is a goroutine-safe log sink, printed when a test fails.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // newClient opens a client.Client (a WebSocket session); it is closed at
 // the end of the test, and its debug log is printed if the test failed.
 func newClient(t *testing.T, eps []string, id string, ttl time.Duration, mod ...func(*client.Config)) *client.Client {
 	t.Helper()
-	logs := &syncBuf{}
+	logs := &testutil.SyncBuffer{}
 	cfg := client.Config{
 		Endpoints:  append([]string(nil), eps...),
 		ClientID:   id,
@@ -251,7 +220,7 @@ func (p *ctlProc) stderrText() string {
 func readPID(t *testing.T, path string, d time.Duration) int {
 	t.Helper()
 	var pid int
-	waitFor(t, d, "pid file "+filepath.Base(path), func() bool {
+	testutil.WaitFor(t, d, "pid file "+filepath.Base(path), func() bool {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return false
@@ -822,7 +791,7 @@ func TestCutOffClientLosesLockBeforeServer(t *testing.T) {
 			// hello) has been confirmed: the lease it then runs on is the
 			// ordinary one.
 			first := l.Deadline()
-			waitFor(t, ttl, "a confirmed periodic keepalive", func() bool { return l.Deadline().After(first) })
+			testutil.WaitFor(t, ttl, "a confirmed periodic keepalive", func() bool { return l.Deadline().After(first) })
 
 			lost := closedAt(l.Lost())
 			cutAt := time.Now()
