@@ -26,6 +26,11 @@ type conn struct {
 
 // pushLocked queues a frame; a connection too slow to take it is dropped.
 func (cn *conn) pushLocked(m api.WSMessage) {
+	if cn.m.c.partitioned {
+		// Lost on the way, decided now: the writer may run only after the
+		// partition healed.
+		return
+	}
 	select {
 	case cn.out <- m:
 	default:
