@@ -194,6 +194,9 @@ func New(cfg Config) (*Node, error) {
 		// freelist keeps that rebuild and page allocation cheap.
 		bolt, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db"),
 			BoltOptions: &bbolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType}})
+		if errors.Is(err, bbolt.ErrTimeout) {
+			return nil, fmt.Errorf("raftnode: %s is locked: is another lockd running on data dir %s?", filepath.Join(cfg.DataDir, "raft.db"), cfg.DataDir)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("raftnode: open log store: %w", err)
 		}

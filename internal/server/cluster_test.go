@@ -255,6 +255,21 @@ func TestWALLogStore(t *testing.T) {
 	}
 }
 
+// TestDataDirInUse: a second member on a running member's data dir fails at
+// once, naming the cause, instead of waiting forever for the log's lock.
+func TestDataDirInUse(t *testing.T) {
+	c := testutil.NewCluster(t, 1, testutil.Options{})
+	l := c.WaitLeader(10 * time.Second)
+	start := time.Now()
+	_, err := server.New(server.Config{ID: l.ID, DataDir: l.Dir, HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0"})
+	if err == nil || !strings.Contains(err.Error(), "another lockd") {
+		t.Fatalf("a second member on a data dir in use: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("refused after %v", d)
+	}
+}
+
 // TestReadAfterFullRestartFromSnapshot: every member restarts from a
 // snapshot (the log before it compacted away) with a waiter queued and no
 // writes coming: a linearizable read answers at once, not at the next write.
