@@ -131,11 +131,7 @@ func (l *Lock) Release(ctx context.Context) error {
 		l.loseLocked(ErrReleased)
 		return nil
 	case api.TypeError:
-		se := serverError(m.Error, 0)
-		if se.API.Code == api.CodeNotHolder {
-			l.loseLocked(fmt.Errorf("lock %q token %d: %w", l.name, l.token, se))
-		}
-		return se
+		return l.refusedLocked(m.Error)
 	}
 	return fmt.Errorf("lockd: release: unexpected reply %q", m.Type)
 }
@@ -186,13 +182,19 @@ func (l *Lock) Renew(ctx context.Context, ttl time.Duration) error {
 		c.kickLease()
 		return nil
 	case api.TypeError:
-		se := serverError(m.Error, 0)
-		if se.API.Code == api.CodeNotHolder {
-			l.loseLocked(fmt.Errorf("lock %q token %d: %w", l.name, l.token, se))
-		}
-		return se
+		return l.refusedLocked(m.Error)
 	}
 	return fmt.Errorf("lockd: renew: unexpected reply %q", m.Type)
+}
+
+// refusedLocked turns a refused release or renew into its error; a
+// not_holder refusal means the lock is gone, so it is lost too.
+func (l *Lock) refusedLocked(e *api.Error) error {
+	se := serverError(e, 0)
+	if se.API.Code == api.CodeNotHolder {
+		l.loseLocked(fmt.Errorf("lock %q token %d: %w", l.name, l.token, se))
+	}
+	return se
 }
 
 // autoRenew renews l every third of its TTL until it is lost or released.

@@ -38,6 +38,22 @@ func newFake() *fakeBackend {
 		ready: true, sessions: map[string]int64{}}
 }
 
+// timeoutBeforeRetry makes client's next acquire of lock race the timer of
+// its earlier wait, which commits first, and moves the clock past that
+// wait's deadline.
+func (f *fakeBackend) timeoutBeforeRetry(lock, client string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.before = func(cmd locktable.Command) []locktable.Command {
+		if cmd.Op != locktable.OpAcquire || cmd.ClientID != client {
+			return nil
+		}
+		f.before = nil
+		return []locktable.Command{{Op: locktable.OpTimeoutWaiter, Lock: lock, ClientID: client, Now: f.now + 100}}
+	}
+	f.now += 100
+}
+
 func (f *fakeBackend) Ready() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.ready }
 func (f *fakeBackend) LeaderURL() string {
 	f.mu.Lock()

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/lockd/lockd/internal/locktable"
 )
 
 type reply struct {
@@ -260,17 +258,8 @@ func TestHTTPOldWaitDoesNotAnswerRetry(t *testing.T) {
 	}
 	cancel()
 	<-first
-	// The retry races the first wait's timeout, which commits first.
-	f.mu.Lock()
-	f.before = func(cmd locktable.Command) []locktable.Command {
-		if cmd.Op != locktable.OpAcquire || cmd.ClientID != "B" {
-			return nil
-		}
-		f.before = nil
-		return []locktable.Command{{Op: locktable.OpTimeoutWaiter, Lock: "l", ClientID: "B", Now: f.now + 100}}
-	}
-	f.now += 100
-	f.mu.Unlock()
+	// B's retry races the first wait's timeout, which commits first.
+	f.timeoutBeforeRetry("l", "B")
 	retry := make(chan reply, 1)
 	go func() {
 		retry <- do(t, h, "POST", "/api/v1/locks/l/acquire", `{"client_id":"B","ttl_ms":60000,"wait_timeout_ms":60000}`)

@@ -11,7 +11,6 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/lockd/lockd/api"
-	"github.com/lockd/lockd/internal/locktable"
 )
 
 type wsClient struct {
@@ -183,17 +182,8 @@ func TestWebSocketOldWaitDoesNotAnswerNewAcquire(t *testing.T) {
 	if m := b.recv(); m.ID != 3 {
 		t.Fatalf("want the keepalive reply while queued, got %+v", m)
 	}
-	// B's retry races a timer: the first wait's timeout commits first.
-	f.mu.Lock()
-	f.before = func(cmd locktable.Command) []locktable.Command {
-		if cmd.Op != locktable.OpAcquire || cmd.ClientID != "B" {
-			return nil
-		}
-		f.before = nil
-		return []locktable.Command{{Op: locktable.OpTimeoutWaiter, Lock: "l", ClientID: "B", Now: f.now + 100}}
-	}
-	f.now += 100 // past the first wait's deadline
-	f.mu.Unlock()
+	// B's retry races the first wait's timeout, which commits first.
+	f.timeoutBeforeRetry("l", "B")
 	b.send(`{"id":9,"op":"acquire","lock":"l","wait_timeout_ms":600000}`)
 	b.send(`{"id":10,"op":"keepalive"}`)
 	for {

@@ -38,17 +38,8 @@ func TestWaitingAcquireGetsAReplyOnShutdown(t *testing.T) {
 	if err != nil || st != 200 {
 		t.Fatalf("holder's acquire: %d %s %v", st, b, err)
 	}
-	type result struct {
-		status int
-		body   []byte
-		err    error
-	}
-	done := make(chan result, 1)
-	go func() {
-		st, b, err := c.post(ctx, http.MethodPost, base+"/api/v1/locks/x/acquire",
-			map[string]any{"client_id": "waiter", "ttl_ms": 5000, "wait_timeout_ms": 30000})
-		done <- result{st, b, err}
-	}()
+	done := c.postAsync(ctx, base+"/api/v1/locks/x/acquire",
+		map[string]any{"client_id": "waiter", "ttl_ms": 5000, "wait_timeout_ms": 30000})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var ls api.LockStatus
@@ -145,18 +136,9 @@ func pausedLeaderRound(t *testing.T, c *Cluster, old int, name string) (int, str
 	if err != nil || st != 200 {
 		t.Fatalf("holder's acquire: %d %s %v", st, b, err)
 	}
-	type result struct {
-		status int
-		body   []byte
-		err    error
-	}
-	done := make(chan result, 1)
 	sent := time.Now()
-	go func() {
-		st, b, err := c.post(ctx, http.MethodPost, base+"/api/v1/locks/"+name+"/acquire",
-			map[string]any{"client_id": "waiter-" + name, "ttl_ms": 60000, "wait_timeout_ms": waitMs})
-		done <- result{st, b, err}
-	}()
+	done := c.postAsync(ctx, base+"/api/v1/locks/"+name+"/acquire",
+		map[string]any{"client_id": "waiter-" + name, "ttl_ms": 60000, "wait_timeout_ms": waitMs})
 	lockAt := func(url string) (api.LockStatus, bool) {
 		var ls api.LockStatus
 		code, err := c.getJSON(ctx, url+"/api/v1/locks/"+name, &ls)
@@ -192,7 +174,7 @@ func pausedLeaderRound(t *testing.T, c *Cluster, old int, name string) (int, str
 	// Wake the old leader once its fallback timer (deadline + 2 s) is due.
 	time.Sleep(time.Until(sent.Add(waitMs*time.Millisecond + 2*time.Second + 300*time.Millisecond)))
 	c.Resume(old)
-	var r result
+	var r postResult
 	select {
 	case r = <-done:
 	case <-time.After(10 * time.Second):
@@ -207,4 +189,22 @@ func pausedLeaderRound(t *testing.T, c *Cluster, old int, name string) (int, str
 		t.Fatalf("a 200 that is not a grant: %s", r.body)
 	}
 	return r.status, strings.TrimSpace(string(r.body)), granted
+}
+
+// postResult is the outcome of a POST sent by postAsync.
+type postResult struct {
+	status int
+	body   []byte
+	err    error
+}
+
+// postAsync POSTs body in the background (a waiting acquire) and delivers
+// the outcome on the returned channel.
+func (c *Cluster) postAsync(ctx context.Context, url string, body any) <-chan postResult {
+	done := make(chan postResult, 1)
+	go func() {
+		st, b, err := c.post(ctx, http.MethodPost, url, body)
+		done <- postResult{st, b, err}
+	}()
+	return done
 }

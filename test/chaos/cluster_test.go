@@ -225,13 +225,20 @@ func (c *Cluster) start(i int, args ...string) error {
 // Restart starts a stopped member on its data dir.
 func (c *Cluster) Restart(i int) error { return c.start(i) }
 
-// Kill sends SIGKILL to slot i and waits until it is gone.
-func (c *Cluster) Kill(i int) {
+// detach takes slot i's process out of the cluster's hands (it is being
+// stopped) and returns it with the channel closed at its exit.
+func (c *Cluster) detach(i int) (*exec.Cmd, chan struct{}) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	s := c.slots[i]
 	cmd, exited := s.cmd, s.exited
 	s.cmd, s.paused = nil, false
-	c.mu.Unlock()
+	return cmd, exited
+}
+
+// Kill sends SIGKILL to slot i and waits until it is gone.
+func (c *Cluster) Kill(i int) {
+	cmd, exited := c.detach(i)
 	if cmd == nil {
 		return
 	}
@@ -244,11 +251,7 @@ func (c *Cluster) Kill(i int) {
 // waits for the exit; a member that does not exit within d is killed. It
 // reports whether the member exited by itself.
 func (c *Cluster) Term(i int, d time.Duration) bool {
-	c.mu.Lock()
-	s := c.slots[i]
-	cmd, exited := s.cmd, s.exited
-	s.cmd, s.paused = nil, false
-	c.mu.Unlock()
+	cmd, exited := c.detach(i)
 	if cmd == nil {
 		return true
 	}

@@ -290,10 +290,18 @@ func definite(op Op) bool { return op.Outcome == Ok || op.Outcome == Fail && op.
 // treats the retries as one) until its outcome is definite or d passes.
 func (w *Workload) acquireChain(ctx context.Context, ep *endpoint, rng *rand.Rand, worker, lock, cid string, ttl, wait time.Duration, tag string, d time.Duration) Op {
 	attempt := w.rec.NewAttempt()
+	return retryChain(ctx, rng, d, func() Op {
+		return w.acquire(ctx, ep, worker, lock, cid, attempt, ttl, wait, tag)
+	})
+}
+
+// retryChain repeats try until its outcome is definite or d passes, pausing
+// between tries (until ctx ends).
+func retryChain(ctx context.Context, rng *rand.Rand, d time.Duration, try func() Op) Op {
 	deadline := time.Now().Add(d)
 	unknowns := 0
 	for {
-		op := w.acquire(ctx, ep, worker, lock, cid, attempt, ttl, wait, tag)
+		op := try()
 		if definite(op) || time.Now().After(deadline) {
 			return op
 		}
@@ -331,22 +339,10 @@ func (w *Workload) release(ctx context.Context, ep *endpoint, worker, lock, cid 
 // releaseChain retries a release until its outcome is definite (release
 // is idempotent for the client that released).
 func (w *Workload) releaseChain(ctx context.Context, ep *endpoint, rng *rand.Rand, worker, lock, cid string, token uint64, tag string) Op {
-	deadline := time.Now().Add(6 * time.Second)
-	unknowns := 0
-	for {
-		op := w.release(context.WithoutCancel(ctx), ep, worker, lock, cid, token, tag)
-		if definite(op) || time.Now().After(deadline) {
-			return op
-		}
-		pause := jitter(rng, 50*time.Millisecond, 150*time.Millisecond)
-		if op.Outcome == Unknown {
-			if unknowns++; unknowns >= maxUnknownRetries {
-				return op
-			}
-			pause = jitter(rng, 200*time.Millisecond, 500*time.Millisecond)
-		}
-		time.Sleep(pause)
-	}
+	ctx = context.WithoutCancel(ctx) // a release is seen through to its outcome
+	return retryChain(ctx, rng, 6*time.Second, func() Op {
+		return w.release(ctx, ep, worker, lock, cid, token, tag)
+	})
 }
 
 func (w *Workload) renew(ctx context.Context, ep *endpoint, worker, lock, cid string, token uint64, ttl time.Duration, tag string) Op {

@@ -244,13 +244,7 @@ loop:
 
 	var md strings.Builder
 	writeMarkdown(&md, rep, wls)
-	fmt.Print(md.String())
-	if err := os.WriteFile(filepath.Join(cf.out, "results.md"), []byte(md.String()), 0o644); err != nil {
-		fmt.Fprintln(os.Stderr, "lockbench:", err)
-	}
-	if err := writeJSON(filepath.Join(cf.out, "results.json"), rep); err != nil {
-		fmt.Fprintln(os.Stderr, "lockbench:", err)
-	}
+	writeOutputs(cf.out, "results", md.String(), rep)
 	if len(rep.Summary) > 0 {
 		if err := writeChart(filepath.Join(cf.out, "chart.png"), rep, wls); err != nil {
 			fmt.Fprintln(os.Stderr, "lockbench: chart:", err)

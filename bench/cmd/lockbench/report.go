@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
@@ -281,6 +282,18 @@ func writeMarkdown(w io.Writer, rep *report, wls []workload) {
 		fmt.Fprintf(w, "| (%s) | %s | %s | %s | %s× (%s×) | %s | %s | %s | %s | %s | %s |\n",
 			r.Workload, r.LockdSystem, r.LockdSetup, r.EtcdSetup, f1(r.Throughput), f1(r.ThroughputVsEL), f1(r.AcquireP50), f1(r.AcquireP99),
 			f1(r.CPUPer1k), r.Goal, yes(r.GoalMet), yes(r.AcquireP99Met))
+	}
+}
+
+// writeOutputs prints the markdown report and writes it as base.md, with
+// the raw results as base.json, into dir.
+func writeOutputs(dir, base, md string, v any) {
+	fmt.Print(md)
+	if err := os.WriteFile(filepath.Join(dir, base+".md"), []byte(md), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+	}
+	if err := writeJSON(filepath.Join(dir, base+".json"), v); err != nil {
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
 	}
 }
 

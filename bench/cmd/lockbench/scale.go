@@ -192,11 +192,7 @@ func scaleMain(args []string) int {
 	rep.Finished = time.Now()
 	var md strings.Builder
 	writeScaleMarkdown(&md, rep)
-	fmt.Print(md.String())
-	_ = os.WriteFile(filepath.Join(cf.out, "scale.md"), []byte(md.String()), 0o644)
-	if werr := writeJSON(filepath.Join(cf.out, "scale.json"), rep); werr != nil {
-		fmt.Fprintln(os.Stderr, "lockbench:", werr)
-	}
+	writeOutputs(cf.out, "scale", md.String(), rep)
 	fmt.Fprintf(os.Stderr, "wrote %s/scale.json, scale.md (%s)\n", cf.out, rep.Finished.Sub(rep.Started).Round(time.Second))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lockbench scale:", err)
