@@ -140,11 +140,7 @@ func TestHelp(t *testing.T) {
 // with a verify key from the environment, and checks the highest token and
 // value survived.
 func TestBinary(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	dir := t.TempDir()
-	bin := buildBinary(t, dir)
+	dir, bin := binaryTest(t)
 	data := filepath.Join(dir, "data")
 	privPath, pubPath := filepath.Join(dir, "lockd.key"), filepath.Join(dir, "lockd.pub")
 	if err := fence.GenerateKeyFiles(privPath, pubPath); err != nil {
@@ -182,11 +178,7 @@ func TestBinary(t *testing.T) {
 }
 
 func TestBinaryBadVerifyKey(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	dir := t.TempDir()
-	bin := buildBinary(t, dir)
+	dir, bin := binaryTest(t)
 	out, err := runOnce(bin, "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "d"), "--verify-key", filepath.Join(dir, "missing.pub"))
 	if code := exitCodeOf(err); code != 1 {
 		t.Fatalf("exit %v, want 1; output:\n%s", err, out)
@@ -218,18 +210,24 @@ func exitCodeOf(err error) int {
 
 // buildBinary builds cmd/fencestore into dir (the go build cache makes a
 // second build cheap).
-func buildBinary(t *testing.T, dir string) string {
+// binaryTest skips in -short mode (it builds and runs the binary), else
+// builds fencestore into a fresh temp dir and returns both.
+func binaryTest(t *testing.T) (dir, bin string) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	dir = t.TempDir()
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
-	bin := filepath.Join(dir, "fencestore")
+	bin = filepath.Join(dir, "fencestore")
 	out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	return bin
+	return dir, bin
 }
 
 // proc is a running fencestore.

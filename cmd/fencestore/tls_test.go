@@ -23,11 +23,7 @@ import (
 // new certificate and survives a broken one. A restart without --client-ca
 // serves HTTPS to any client that trusts the server.
 func TestBinaryTLS(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	dir := t.TempDir()
-	bin := buildBinary(t, dir)
+	dir, bin := binaryTest(t)
 	data := filepath.Join(dir, "data")
 	ca := testutil.NewCA(t, "fencestore-ca")
 	cert, key := ca.Issue("fencestore")
@@ -125,11 +121,7 @@ func TestBinaryTLS(t *testing.T) {
 }
 
 func TestBinaryTLSBadFiles(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	dir := t.TempDir()
-	bin := buildBinary(t, dir)
+	dir, bin := binaryTest(t)
 	ca := testutil.NewCA(t, "fencestore-ca")
 	cert, key := ca.Issue("fencestore")
 	for _, tc := range []struct {
