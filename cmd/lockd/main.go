@@ -63,6 +63,7 @@ func run(args []string, stderr io.Writer) int {
 	authFile := fs.String("auth-file", "", "bearer tokens with per-lock-prefix permissions (JSON, see docs/OPERATIONS.md); reloaded on SIGHUP")
 	fs.StringVar(&cfg.PeerToken, "peer-token", "", "admin token members send each other when --auth-file is set (prefer LOCKD_PEER_TOKEN)")
 	signingKey := fs.String("signing-key", "", "Ed25519 private key (PEM, PKCS#8) shared by all members: every grant then carries a fencing_proof that resource servers verify (see lockctl keygen)")
+	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiler under /debug/pprof/ on the client API (admin token when --auth-file is set)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: lockd [flags]\n\nRuns one lockd member. Every flag can also be set in the environment as\nLOCKD_<FLAG> (upper case, '-' as '_'), e.g. LOCKD_DATA_DIR. With neither\n--initial-cluster nor --join, a new data dir bootstraps a one-member cluster.\nA restart on an existing data dir ignores both and rejoins with its state.\nSIGTERM stops gracefully (leadership is handed over first).\n\nFlags:\n")

@@ -99,6 +99,8 @@ type Config struct {
 	Metrics http.Handler // served at /metrics; nil serves 404
 	// Extra routes (dashboard and the like) mounted on the same mux.
 	Extra map[string]http.Handler
+	// Pprof serves Go's profiler under /debug/pprof/ (admin access).
+	Pprof bool
 }
 
 // Handler is the HTTP API of one member.
@@ -143,6 +145,9 @@ func New(cfg Config) *Handler {
 	}
 	for pattern, handler := range cfg.Extra {
 		m.Handle(pattern, handler)
+	}
+	if cfg.Pprof {
+		h.mountPprof()
 	}
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{code: api.CodeNotFound, msg: "no such endpoint: " + r.Method + " " + r.URL.Path})

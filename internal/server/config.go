@@ -51,6 +51,9 @@ type Config struct {
 	// Signer makes the fencing proof sent with every grant; nil sends none.
 	Signer func(lock string, token uint64, expiresAtMs int64) string
 	Now    func() time.Time
+	// Pprof serves Go's profiler under /debug/pprof/ on the client API
+	// (admin access when Auth is on).
+	Pprof bool
 
 	// TLS serves the client API over HTTPS; with TLS.CA, clients must
 	// present a certificate signed by it (mTLS).

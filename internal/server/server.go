@@ -129,7 +129,8 @@ func New(cfg Config) (*Server, error) {
 
 	h := httpapi.New(httpapi.Config{Backend: s, Observer: s.metrics, Auth: cfg.Auth, Logger: cfg.Logger,
 		Metrics: promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}),
-		Extra:   map[string]http.Handler{"GET /ui/": dashboard.New(s, cfg.Logger, dashboard.WithAuth(cfg.Auth)), "GET /ui": http.RedirectHandler("/ui/", http.StatusMovedPermanently)}})
+		Extra:   map[string]http.Handler{"GET /ui/": dashboard.New(s, cfg.Logger, dashboard.WithAuth(cfg.Auth)), "GET /ui": http.RedirectHandler("/ui/", http.StatusMovedPermanently)},
+		Pprof:   cfg.Pprof})
 	s.httpSrv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return s.baseCtx },
 		ErrorLog:    slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
