@@ -400,17 +400,19 @@ func TestSentinelErrors(t *testing.T) {
 	t.Run("ErrNoLeader", func(t *testing.T) {
 		f2 := newFake(t, lockdtest.Options{Members: 2})
 		f2.SetLeader(-1)
-		// The deadline must leave room for at least one answer from the
-		// members (a loaded machine has taken over 300 ms), or the error
-		// is a bare deadline without no_leader.
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		// The deadline must leave room for the members' first answers (a
+		// loaded machine has taken over 300 ms), and must not fall where a
+		// retry starts: the fake's no_leader says Retry-After: 1, and a
+		// deadline that expires during a request, not during the wait
+		// between requests, is a bare deadline without no_leader.
+		cctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
 		defer cancel()
 		_, err := client.New(cctx, client.Config{Endpoints: f2.URLs()})
 		if !errors.Is(err, client.ErrNoLeader) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("New: %v", err)
 		}
 		api2, _ := client.NewAPI(client.APIConfig{Endpoints: f2.URLs()})
-		hctx, hcancel := context.WithTimeout(ctx, time.Second)
+		hctx, hcancel := context.WithTimeout(ctx, 1500*time.Millisecond)
 		defer hcancel()
 		_, err = api2.Status(hctx, "x", false)
 		if !errors.Is(err, client.ErrNoLeader) {
