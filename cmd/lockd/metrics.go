@@ -43,6 +43,7 @@ var raftMetricsAllowed = []string{
 	"lockd.raft.rpc.installSnapshot",
 	"lockd.raft.rpc.requestVote",
 	"lockd.raft.boltdb.",
+	"lockd.raft.wal.", // raft-wal's counters and gauges (--log-store wal)
 }
 
 // raftMetricsBlocked carves per-entry or per-batch samples out of the

@@ -26,6 +26,7 @@ func TestRaftMetricsFilter(t *testing.T) {
 	gometrics.MeasureSinceWithLabels([]string{"raft", "replication", "appendEntries", "rpc"}, start, peer)
 	gometrics.MeasureSince([]string{"raft", "boltdb", "storeLogs"}, start)
 	gometrics.IncrCounter([]string{"raft", "state", "leader"}, 1)
+	gometrics.IncrCounter([]string{"raft", "wal", "log_appends"}, 1)
 	// Dropped:
 	gometrics.MeasureSinceWithLabels([]string{"raft", "net", "rpcDecode"}, start, rpc)
 	gometrics.MeasureSince([]string{"raft", "rpc", "appendEntries"}, start)
@@ -43,7 +44,8 @@ func TestRaftMetricsFilter(t *testing.T) {
 		got = append(got, mf.GetName())
 	}
 	for _, want := range []string{"lockd_raft_commitTime", "lockd_raft_fsm_apply", "lockd_raft_rpc_appendEntries_storeLogs",
-		"lockd_raft_replication_appendEntries_rpc", "lockd_raft_boltdb_storeLogs", "lockd_raft_state_leader"} {
+		"lockd_raft_replication_appendEntries_rpc", "lockd_raft_boltdb_storeLogs", "lockd_raft_state_leader",
+		"lockd_raft_wal_log_appends"} {
 		if !slices.Contains(got, want) {
 			t.Errorf("%s missing from %v", want, got)
 		}

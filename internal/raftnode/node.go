@@ -23,6 +23,7 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	raftwal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+	walmetrics "github.com/hashicorp/raft-wal/metrics"
 	"go.etcd.io/bbolt"
 
 	"github.com/lockd/lockd/internal/locktable"
@@ -214,7 +215,10 @@ func New(cfg Config) (*Node, error) {
 		// node owns the meta store and closes it after the WAL.
 		meta := &metadb.BoltMetaDB{}
 		n.closers = append(n.closers, meta)
-		w, err := raftwal.Open(dir, raftwal.WithLogger(hlog.Named("wal")), raftwal.WithMetaStore(meta))
+		// Its counters (appends, bytes, segment rotations, truncations) go
+		// to the same process-wide go-metrics sink as raft's own metrics.
+		w, err := raftwal.Open(dir, raftwal.WithLogger(hlog.Named("wal")), raftwal.WithMetaStore(meta),
+			raftwal.WithMetricsCollector(walmetrics.NewGoMetricsCollector([]string{"raft", "wal"}, nil, nil)))
 		if err != nil {
 			return nil, fmt.Errorf("raftnode: open wal: %w", err)
 		}

@@ -262,7 +262,7 @@ func writeMarkdown(w io.Writer, rep *report, wls []workload) {
 		switch {
 		case a.CommandsPerEntry > 0 && a.StoresPerSec > 0:
 			gc = append(gc, fmt.Sprintf("(%s) %s %s: %.1f commands per Raft entry, %.1f entries per log write, %.0f log writes/s", a.Workload, a.System, a.Setup, a.CommandsPerEntry, a.EntriesPerStore, a.StoresPerSec))
-		case a.CommandsPerEntry > 0: // raft-wal reports no log-write metrics
+		case a.CommandsPerEntry > 0: // a lockd whose log store reports no write metrics
 			gc = append(gc, fmt.Sprintf("(%s) %s %s: %.1f commands per Raft entry", a.Workload, a.System, a.Setup, a.CommandsPerEntry))
 		}
 	}

@@ -219,6 +219,9 @@ func runOne(ctx context.Context, sys system, wl workload, setup string, round in
 		if n := d("lockd_raft_boltdb_logsPerBatch_count"); n > 0 {
 			r.EntriesPerStore = d("lockd_raft_boltdb_logsPerBatch_sum") / n
 			r.StoresPerSec = n / o.duration.Seconds()
+		} else if n := d("lockd_raft_wal_log_appends"); n > 0 { // --log-store wal
+			r.EntriesPerStore = d("lockd_raft_wal_log_entries_written") / n
+			r.StoresPerSec = n / o.duration.Seconds()
 		}
 	}
 	r.finish()
@@ -243,7 +246,8 @@ func lockdLeaderMetrics(ctx context.Context, sys system) map[string]float64 {
 	}
 	out := map[string]float64{}
 	for _, k := range []string{"lockd_raft_entry_commands_sum", "lockd_raft_entry_commands_count",
-		"lockd_raft_boltdb_logsPerBatch_sum", "lockd_raft_boltdb_logsPerBatch_count"} {
+		"lockd_raft_boltdb_logsPerBatch_sum", "lockd_raft_boltdb_logsPerBatch_count",
+		"lockd_raft_wal_log_appends", "lockd_raft_wal_log_entries_written"} {
 		out[k] = metricValue(ctx, l.httpURL, k)
 	}
 	return out
