@@ -168,12 +168,19 @@ func (a *API) do(ctx context.Context, method, path string, in, out any) error {
 // call sends r to the leader, retrying as API describes.
 func (a *API) call(ctx context.Context, r *request) error {
 	bo := newBackoff(a.min, a.max)
+	var lastErr error // of the last attempt that may be retried, over every round
 	for {
-		var lastErr error
 		var retryAfter time.Duration
 		for _, base := range a.candidates() {
 			err, retry := a.try(ctx, r, base+r.path)
 			if !retry {
+				// A read that ctx ended while the call was still looking
+				// for a leader reports that, as if ctx had ended between
+				// attempts. A write does not: its last request may have
+				// reached a leader, so its outcome is unknown.
+				if err != nil && lastErr != nil && ctx.Err() != nil && r.method == http.MethodGet {
+					return noLeaderErr(ctx, lastErr)
+				}
 				return err
 			}
 			lastErr = err
@@ -191,12 +198,18 @@ func (a *API) call(ctx context.Context, r *request) error {
 		}
 		a.log.Debug("lockd: retrying", "method", r.method, "path", r.path, "err", lastErr, "wait", wait)
 		if ctx.Err() != nil || !sleep(ctx, wait) {
-			if errors.Is(lastErr, ErrNoLeader) {
-				return lastErr
-			}
-			return fmt.Errorf("%w: %w (last error: %v)", ErrNoLeader, ctx.Err(), lastErr)
+			return noLeaderErr(ctx, lastErr)
 		}
 	}
+}
+
+// noLeaderErr is the error of a call whose ctx ended while it was looking
+// for a leader: it matches ErrNoLeader and ctx's error.
+func noLeaderErr(ctx context.Context, lastErr error) error {
+	if errors.Is(lastErr, ErrNoLeader) {
+		return lastErr
+	}
+	return fmt.Errorf("%w: %w (last error: %v)", ErrNoLeader, ctx.Err(), lastErr)
 }
 
 // newRequest builds one send of r to u.

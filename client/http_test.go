@@ -3,6 +3,10 @@ package client_test
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,5 +150,44 @@ func TestAPIRetriesNoLeader(t *testing.T) {
 		}
 	case <-time.After(4 * time.Second):
 		t.Fatal("not retried after the leader appeared")
+	}
+}
+
+// TestAPIDeadlineDuringRetry: a call hears no_leader, retries, and its ctx
+// ends while the retried request is in flight. A read still reports no
+// leader; a write does not (its last request may have reached a leader).
+func TestAPIDeadlineDuringRetry(t *testing.T) {
+	var calls atomic.Int32
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1)%2 == 1 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, `{"error":{"code":"no_leader","message":"no leader known"}}`)
+			return
+		}
+		// The retry hangs past the caller's deadline. (The server need not
+		// notice the caller hanging up, so the test ends it.)
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stop) }) // runs first
+	a := newAPI(t, srv.URL)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	_, err := a.Status(ctx, "x", false)
+	if !errors.Is(err, client.ErrNoLeader) {
+		t.Fatalf("read: %v, want no leader", err)
+	}
+
+	ctx2, cancel2 := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel2()
+	_, err = a.Acquire(ctx2, "x", "w", time.Second, 0)
+	if err == nil || errors.Is(err, client.ErrNoLeader) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("write: %v, want a bare deadline (outcome unknown)", err)
 	}
 }
