@@ -267,17 +267,40 @@ func stateError(code locktable.Code, lock, holder string) error {
 	}
 }
 
+// queuedDeadline is the deadline of the wait a committed acquire queued
+// for client (0 if it queued none). The deadline names the wait: the end of
+// an earlier wait of the same client on the same lock must not answer it.
+func queuedDeadline(res locktable.Result, client string) int64 {
+	var d int64
+	for _, ev := range res.Events {
+		if ev.Kind == locktable.EvQueued && ev.ClientID == client {
+			d = ev.Deadline
+		}
+	}
+	return d
+}
+
 func (h *Handler) grantReply(lock, client string, token uint64, expiresAt int64) api.AcquireReply {
 	return api.AcquireReply{Acquired: true, Lock: lock, ClientID: client, FencingToken: token,
 		ExpiresAt: api.FormatTime(expiresAt), FencingProof: h.b.Sign(lock, token, expiresAt)}
 }
 
 func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
-	start, outcome := time.Now(), "invalid"
-	defer func() { h.obs.AcquireDone(outcome, time.Since(start)) }()
+	// outcome stays "" for a request this member does not serve (refused
+	// token, redirect to the leader): the member that serves it records it.
+	start, outcome := time.Now(), ""
+	defer func() {
+		if outcome != "" {
+			h.obs.AcquireDone(outcome, time.Since(start))
+		}
+	}()
+	reject := func(err error) {
+		outcome, _ = errorCode(err)
+		writeError(w, err)
+	}
 	name, err := lockName(r)
 	if err != nil {
-		writeError(w, err)
+		reject(err)
 		return
 	}
 	if _, ok := h.allow(w, r, auth.Lock, name, false); !ok {
@@ -285,23 +308,23 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 	}
 	var req api.AcquireRequest
 	if err := decode(w, r, &req, false); err != nil {
-		writeError(w, err)
+		reject(err)
 		return
 	}
 	if err := validClientID("client_id", req.ClientID); err != nil {
-		writeError(w, err)
+		reject(err)
 		return
 	}
 	if err := checkRange("ttl_ms", req.TTLms, api.MinTTLms, api.MaxTTLms); err != nil {
-		writeError(w, err)
+		reject(err)
 		return
 	}
 	if err := checkRange("wait_timeout_ms", req.WaitTimeoutMs, 0, api.MaxWaitTimeoutMs); err != nil {
-		writeError(w, err)
+		reject(err)
 		return
 	}
 	if err := validSessionID(req.SessionID); err != nil {
-		writeError(w, err)
+		reject(err)
 		return
 	}
 	if h.routeToLeader(w, r) {
@@ -328,8 +351,7 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 		res, err := h.b.Propose(r.Context(), cmd)
 		if err != nil {
 			closeSub(sub)
-			outcome, _ = errorCode(err)
-			writeError(w, err)
+			reject(err)
 			return
 		}
 		switch {
@@ -341,27 +363,19 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 		case res.Code != locktable.OK:
 			closeSub(sub)
 			e := stateError(res.Code, name, res.Holder)
-			outcome, _ = errorCode(e)
 			if res.Code == locktable.CodeLockHeld {
 				code, msg := errorCode(e)
+				outcome = code
 				writeJSON(w, 409, api.AcquireReply{Acquired: false, Holder: res.Holder,
 					Error: &api.Error{Code: code, Message: msg}})
 				return
 			}
-			writeError(w, e)
+			reject(e)
 			return
 		}
 		// Queued: wait for the committed hand-off.
-		// The wait's deadline names it: the end of an earlier wait of this
-		// client on this lock must not answer this one.
-		var waitDeadline int64
-		for _, ev := range res.Events {
-			if ev.Kind == locktable.EvQueued && ev.ClientID == req.ClientID {
-				waitDeadline = ev.Deadline
-			}
-		}
 		var retry bool
-		retry, outcome = h.awaitGrant(w, r, sub, name, req.ClientID, deadline, waitDeadline)
+		retry, outcome = h.awaitGrant(w, r, sub, name, req.ClientID, deadline, queuedDeadline(res, req.ClientID))
 		closeSub(sub)
 		if !retry {
 			return

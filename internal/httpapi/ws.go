@@ -286,12 +286,7 @@ func (wc *wsConn) acquire(req api.WSRequest) error {
 // deadline was unknown) and no grant took its place, the answer is
 // wait_timeout.
 func (wc *wsConn) queued(lock string, p *pendingAcquire, res locktable.Result) {
-	var deadline int64
-	for _, ev := range res.Events {
-		if ev.Kind == locktable.EvQueued && ev.ClientID == wc.client {
-			deadline = ev.Deadline
-		}
-	}
+	deadline := queuedDeadline(res, wc.client)
 	wc.mu.Lock()
 	if wc.pending[lock] != p {
 		wc.mu.Unlock()

@@ -1,0 +1,61 @@
+package httpapi
+
+import (
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+type recordingObserver struct {
+	mu       sync.Mutex
+	outcomes []string
+}
+
+func (o *recordingObserver) AcquireDone(outcome string, _ time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.outcomes = append(o.outcomes, outcome)
+}
+func (o *recordingObserver) WebSocketConns(int) {}
+
+func (o *recordingObserver) take() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := o.outcomes
+	o.outcomes = nil
+	return out
+}
+
+// TestAcquireOutcomes: each HTTP acquire this member serves is recorded
+// once under the outcome docs/METRICS.md names; one it redirects to the
+// leader is left for the leader to record.
+func TestAcquireOutcomes(t *testing.T) {
+	f := newFake()
+	obs := &recordingObserver{}
+	h := New(Config{Backend: f, Observer: obs})
+	steps := []struct {
+		body string
+		want string
+	}{
+		{`{"client_id":"a","ttl_ms":60000}`, "granted"},
+		{`{"client_id":"b","ttl_ms":60000}`, "lock_held"},
+		{`{"client_id":"b","ttl_ms":1}`, "invalid_argument"},
+		{`{"client_id":"b",`, "invalid_argument"},
+	}
+	for _, s := range steps {
+		do(t, h, "POST", "/api/v1/locks/o/acquire", s.body)
+		if got := obs.take(); !slices.Equal(got, []string{s.want}) {
+			t.Errorf("%s: recorded %v, want [%s]", s.body, got, s.want)
+		}
+	}
+	f.mu.Lock()
+	f.ready, f.leader = false, "http://leader.example:7070"
+	f.mu.Unlock()
+	if r := do(t, h, "POST", "/api/v1/locks/o/acquire", `{"client_id":"c"}`); r.status != 307 {
+		t.Fatalf("follower: %d %s", r.status, r.raw)
+	}
+	if got := obs.take(); len(got) != 0 {
+		t.Errorf("redirect recorded as %v", got)
+	}
+}
