@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -80,6 +81,12 @@ func newProxy(t *testing.T, target string) *Proxy {
 	return p
 }
 
+// isReset reports whether a roundTrip result is a closed or reset
+// connection (not a reply, and not a timeout).
+func isReset(got string) bool {
+	return strings.HasPrefix(got, "error") && !strings.Contains(got, "timeout")
+}
+
 // roundTrip sends one line and returns the reply line or the error text.
 func roundTrip(c net.Conn, r *bufio.Reader, msg string, timeout time.Duration) string {
 	_ = c.SetDeadline(time.Now().Add(timeout))
@@ -125,19 +132,20 @@ func TestProxyCutResetsOpenConnections(t *testing.T) {
 		t.Fatalf("before the cut: %q", got)
 	}
 	p.Cut()
-	if got := roundTrip(c, r, "during", 2*time.Second); !strings.HasPrefix(got, "error") {
-		t.Fatalf("an open connection still works across a cut: %q", got)
+	// Reset, not merely silent: a hang would show as a timeout.
+	if got := roundTrip(c, r, "during", 2*time.Second); !isReset(got) {
+		t.Fatalf("an open connection was not reset by the cut: %q", got)
 	}
 	c2, r2 := dial(t, p.Addr()) // the dial itself succeeds: the listener stays
-	if got := roundTrip(c2, r2, "new", 2*time.Second); !strings.HasPrefix(got, "error") {
-		t.Fatalf("a new connection works across a cut: %q", got)
+	if got := roundTrip(c2, r2, "new", 2*time.Second); !isReset(got) {
+		t.Fatalf("a new connection was not refused during the cut: %q", got)
 	}
 	p.Heal()
 	c3, r3 := dial(t, p.Addr())
 	if got := roundTrip(c3, r3, "after", 5*time.Second); got != "echo: after" {
 		t.Fatalf("after heal: %q", got)
 	}
-	if s := p.Stats(); s.Refused == 0 || s.Resets == 0 && s.Accepted < 2 {
+	if s := p.Stats(); s.Refused == 0 {
 		t.Fatalf("stats do not show the cut: %+v", s)
 	}
 }
@@ -167,8 +175,8 @@ func TestProxyBlackholeIsOneWay(t *testing.T) {
 	}
 	p.Heal()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := r.ReadString('\n'); err == nil {
-		t.Fatal("a connection that lost bytes survived Heal")
+	if _, err := r.ReadString('\n'); err == nil || os.IsTimeout(err) {
+		t.Fatalf("a connection that lost bytes survived Heal: %v", err)
 	}
 }
 
