@@ -99,10 +99,12 @@ func (f *Files) ClientConfig(host string) *tls.Config {
 		// Verified below against the current pool, with the host name.
 		InsecureSkipVerify: f.CA != "",
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			_, pool := f.current()
-			if pool == nil {
-				return nil // standard verification already ran
+			if f.CA == "" {
+				return nil // standard verification against the system roots already ran
 			}
+			// With a CA set, a pool that is not loaded yet fails in
+			// verifyChain: never skip verification.
+			_, pool := f.current()
 			raw := make([][]byte, len(cs.PeerCertificates))
 			for i, c := range cs.PeerCertificates {
 				raw[i] = c.Raw
