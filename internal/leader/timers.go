@@ -144,7 +144,6 @@ func (t *Timers) Start() {
 		return
 	}
 	t.running = true
-	t.h = nil
 	tookOffice := t.now()
 	grace := t.cfg.Grace.Milliseconds()
 	// Copy what the timers need while holding the state's read lock, and
@@ -217,13 +216,6 @@ func (t *Timers) Stop() {
 	t.h, t.locks, t.waiters, t.sessions = nil, nil, nil, nil
 	t.mu.Unlock()
 	t.wg.Wait()
-}
-
-// Running reports whether this member runs the timers (is an active leader).
-func (t *Timers) Running() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.running
 }
 
 // Keepalive pushes a session's deadline a full TTL out. It returns the TTL,

@@ -359,3 +359,29 @@ func TestRestoreRejects(t *testing.T) {
 		}
 	})
 }
+
+// TestPrepareRestore: a restored backup keeps the running cluster's member
+// addresses and never lowers its token counter.
+func TestPrepareRestore(t *testing.T) {
+	backup := lt.New()
+	backup.Apply(lt.Command{Op: lt.OpSetMember, MemberID: "old", RaftAddr: "10.0.0.1:7071", HTTPAddr: "http://10.0.0.1:7070"})
+	backup.Apply(lt.Command{Op: lt.OpAcquire, Lock: "a", ClientID: "c", TTLms: 60000, Now: 1000})
+	current := lt.New()
+	current.Apply(lt.Command{Op: lt.OpSetMember, MemberID: "n1", RaftAddr: "127.0.0.1:7071", HTTPAddr: "http://127.0.0.1:7070"})
+	for i, lock := range []string{"x", "y", "z"} {
+		current.Apply(lt.Command{Op: lt.OpAcquire, Lock: lock, ClientID: "c", TTLms: 60000, Now: int64(1000 + i)})
+	}
+	if backup.LastToken() >= current.LastToken() {
+		t.Fatalf("setup: backup token %d not below the running one %d", backup.LastToken(), current.LastToken())
+	}
+	backup.PrepareRestore(current)
+	if backup.LastToken() != current.LastToken() {
+		t.Fatalf("token counter %d after restore, want the running cluster's %d", backup.LastToken(), current.LastToken())
+	}
+	if got, want := backup.Members(), current.Members(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("members %v after restore, want the running cluster's %v", got, want)
+	}
+	if backup.Get("a").ClientID != "c" {
+		t.Fatal("the backup's locks were lost")
+	}
+}

@@ -9,6 +9,7 @@
 package locktable
 
 import (
+	"maps"
 	"sort"
 	"strings"
 )
@@ -181,10 +182,7 @@ func (t *Table) Members() []Member {
 // book (the backup's may name other hosts) and never lets the token counter
 // go below the running cluster's, so a restore cannot make a token repeat.
 func (t *Table) PrepareRestore(current *Table) {
-	t.members = map[string]Member{}
-	for id, m := range current.members {
-		t.members[id] = m
-	}
+	t.members = maps.Clone(current.members)
 	t.lastToken = max(t.lastToken, current.lastToken)
 }
 
@@ -193,6 +191,9 @@ type Stats struct {
 	Locks, Held, Waiters, Sessions int
 	LastToken                      uint64
 }
+
+// Size returns the number of locks and sessions without walking them.
+func (t *Table) Size() (locks, sessions int) { return len(t.locks), len(t.sessions) }
 
 // Stats returns the table's counts.
 func (t *Table) Stats() Stats {

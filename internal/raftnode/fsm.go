@@ -60,13 +60,8 @@ func (f *fsm) raise(idx uint64) {
 	f.waitMu.Unlock()
 }
 
-func (f *fsm) advance(idx uint64) {
-	f.applied.Store(idx)
-	f.waitMu.Lock()
-	close(f.appliedCh)
-	f.appliedCh = make(chan struct{})
-	f.waitMu.Unlock()
-}
+// advance records an applied entry (indexes only go up).
+func (f *fsm) advance(idx uint64) { f.raise(idx) }
 
 // appliedWait returns the applied index and a channel closed at the next
 // apply.
@@ -82,9 +77,9 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	start := time.Now()
 	f.mu.RLock()
 	b := f.table.Snapshot()
-	st := f.table.Stats()
+	locks, sessions := f.table.Size() // Stats would walk every lock while Apply waits
 	f.mu.RUnlock()
-	return &snapshot{data: b, log: f.log, start: start, locks: st.Locks, sessions: st.Sessions}, nil
+	return &snapshot{data: b, log: f.log, start: start, locks: locks, sessions: sessions}, nil
 }
 
 // Restore replaces the table with a snapshot's.
