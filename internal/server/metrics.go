@@ -175,26 +175,21 @@ func (m *metrics) WebSocketConns(delta int) { m.wsConns.Add(float64(delta)) }
 
 func (m *metrics) observeEvents(events []locktable.Event) {
 	for _, ev := range events {
+		kind := eventNames[ev.Kind]
 		switch {
 		case ev.Kind == locktable.EvGranted && ev.Reason != locktable.ReasonRegrant:
 			m.grants.Inc()
 		case ev.Kind == locktable.EvReleased:
 			m.releases.Inc()
 		case ev.Kind == locktable.EvLost && ev.Reason == locktable.ReasonExpired:
+			kind = "expired"
 			m.expiries.Inc()
 		case ev.Kind == locktable.EvWaitEnded && ev.Reason == locktable.ReasonWaitTimeout:
+			kind = "wait_timeout"
 			m.waitTimeouts.Inc()
 		case ev.Kind == locktable.EvSessionEnded && ev.Reason == locktable.ReasonSessionExpired:
-			m.sessionExpired.Inc()
-		}
-		kind := eventNames[ev.Kind]
-		switch {
-		case ev.Kind == locktable.EvLost && ev.Reason == locktable.ReasonExpired:
-			kind = "expired"
-		case ev.Kind == locktable.EvWaitEnded && ev.Reason == locktable.ReasonWaitTimeout:
-			kind = "wait_timeout"
-		case ev.Kind == locktable.EvSessionEnded && ev.Reason == locktable.ReasonSessionExpired:
 			kind = "session_expired"
+			m.sessionExpired.Inc()
 		}
 		m.events.WithLabelValues(kind).Inc()
 	}
