@@ -450,11 +450,13 @@ func (n *Node) ReadIndex(ctx context.Context) error {
 // applied command are no-ops, barriers or configuration changes, it is enough
 // that Raft has dispatched them. When that cannot be told from the log (the
 // entries were compacted into a snapshot, or there are too many to scan)
-// a Barrier settles it.
+// a Barrier settles it — but only once the state machine has stopped
+// moving, so reads behind a busy state machine do not each add a write.
 func (n *Node) WaitApplied(ctx context.Context, idx uint64) error {
 	poll := time.NewTicker(time.Millisecond)
 	defer poll.Stop()
-	for tries := 0; ; tries++ {
+	seen := uint64(0) // the applied index at the previous undecided look
+	for {
 		cur, ch := n.fsm.appliedWait()
 		if cur >= idx {
 			return nil
@@ -464,10 +466,13 @@ func (n *Node) WaitApplied(ctx context.Context, idx uint64) error {
 			case noCommand:
 				return nil
 			case unknown:
-				if err := n.Barrier(ctx); err != nil {
-					return err
+				if cur == seen {
+					if err := n.Barrier(ctx); err != nil {
+						return err
+					}
+					continue
 				}
-				continue
+				seen = cur
 			}
 		}
 		select {
