@@ -812,7 +812,12 @@ func (h *Handler) restore(w http.ResponseWriter, r *http.Request) {
 	}
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBackupBytes))
 	if err != nil {
-		writeError(w, &apiError{code: api.CodePayloadTooLarge, msg: "backup over 4 GiB or unreadable: " + err.Error()})
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, &apiError{code: api.CodePayloadTooLarge, msg: "backup over 4 GiB"})
+		} else {
+			writeError(w, invalid("reading the backup: %v", err))
+		}
 		return
 	}
 	if err := h.b.RestoreBackup(r.Context(), data, r.URL.Query().Get("force") == "true"); err != nil {
