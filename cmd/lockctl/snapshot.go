@@ -88,10 +88,7 @@ func (e *env) snapshotSave(ctx context.Context, path string) int {
 		return exitError
 	}
 	done = true
-	if d, err := os.Open(dir); err == nil { // make the rename durable
-		_ = d.Sync()
-		d.Close()
-	}
+	syncDir(dir) // make the rename durable
 	e.print(map[string]any{"file": path, "bytes": n}, fmt.Sprintf("saved %d bytes to %s", n, path))
 	return exitOK
 }
