@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/testutil"
 )
 
 // Minimal reproductions of server bugs the chaos runs found. Each test
@@ -40,17 +41,11 @@ func TestWaitingAcquireGetsAReplyOnShutdown(t *testing.T) {
 	}
 	done := c.postAsync(ctx, base+"/api/v1/locks/x/acquire",
 		map[string]any{"client_id": "waiter", "ttl_ms": 5000, "wait_timeout_ms": 30000})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testutil.WaitFor(t, 10*time.Second, "the waiter in the queue", func() bool {
 		var ls api.LockStatus
-		if code, err := c.getJSON(ctx, base+"/api/v1/locks/x", &ls); err == nil && code == 200 && ls.Waiters == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter never showed up in the queue")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		code, err := c.getJSON(ctx, base+"/api/v1/locks/x", &ls)
+		return err == nil && code == 200 && ls.Waiters == 1
+	})
 	if !c.Term(0, 20*time.Second) {
 		t.Fatal("lockd did not exit within 20 s of SIGTERM")
 	}
@@ -144,15 +139,10 @@ func pausedLeaderRound(t *testing.T, c *Cluster, old int, name string) (int, str
 		code, err := c.getJSON(ctx, url+"/api/v1/locks/"+name, &ls)
 		return ls, err == nil && code == 200
 	}
-	for {
-		if ls, ok := lockAt(base); ok && ls.Waiters == 1 {
-			break
-		}
-		if time.Since(sent) > time.Second {
-			t.Fatal("the waiter never showed up in the queue")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.WaitFor(t, time.Second-time.Since(sent), "the waiter in the queue", func() bool {
+		ls, ok := lockAt(base)
+		return ok && ls.Waiters == 1
+	})
 	c.Pause(old)
 	var rest []int
 	for _, i := range c.Members() {

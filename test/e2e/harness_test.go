@@ -154,14 +154,9 @@ func (pc *procCluster) signal(id string, sig syscall.Signal) {
 
 func (pc *procCluster) waitReady(id string, d time.Duration) {
 	pc.t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if r := testutil.Get(pc.procs[id].url() + "/readyz"); r.Status == 200 {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	pc.t.Fatalf("member %s not ready within %s", id, d)
+	testutil.WaitFor(pc.t, d, "member "+id+" to be ready", func() bool {
+		return testutil.Get(pc.procs[id].url()+"/readyz").Status == 200
+	})
 }
 
 // up returns the ids of running members.
