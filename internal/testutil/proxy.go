@@ -82,9 +82,6 @@ func NewProxy(listen, target string, seed uint64) (*Proxy, error) {
 // Addr is the address to dial instead of the target.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// Target is the address the proxy forwards to.
-func (p *Proxy) Target() string { return p.target }
-
 // Cut drops the link: open connections are reset and new ones are accepted
 // and reset at once (a dial "succeeds", then the first read or write fails,
 // as with a peer that vanished).

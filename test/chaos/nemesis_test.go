@@ -384,15 +384,12 @@ func (n *Nemesis) crashAll(ctx context.Context, f *Fault, probe *<-chan time.Dur
 // difference that persisted, or "".
 func compareReplicas(c *Cluster, d time.Duration) string {
 	deadline := time.Now().Add(d)
-	hc := &http.Client{Timeout: 2 * time.Second}
-	defer hc.CloseIdleConnections()
 	last := "no consistent snapshot of the members could be taken"
 	for time.Now().Before(deadline) {
 		type view struct {
-			id     string
-			st     api.NodeStatus
-			locks  string
-			stable bool
+			id    string
+			st    api.NodeStatus
+			locks string
 		}
 		var views []view
 		ok := true

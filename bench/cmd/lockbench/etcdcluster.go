@@ -16,7 +16,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 )
 
 // etcdMemberMain is the hidden subcommand `lockbench etcd-member`: one etcd
@@ -205,6 +204,5 @@ func newEtcdClient(eps []string) (*clientv3.Client, error) {
 		Endpoints:   eps,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{},
 	})
 }
