@@ -60,8 +60,9 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.keep, "keep", false, "keep the clusters' data directories and logs")
 }
 
-// prepare builds lockd and makes the work directory.
-func (c *commonFlags) prepare() (repo, bin, dir string, err error) {
+// prepare builds lockd and makes the work directory. done removes the
+// directory when the run ends (with --keep it stays, and prepare says where).
+func (c *commonFlags) prepare() (repo, bin, dir string, done func(), err error) {
 	if err = os.MkdirAll(c.out, 0o755); err != nil {
 		return
 	}
@@ -69,6 +70,17 @@ func (c *commonFlags) prepare() (repo, bin, dir string, err error) {
 	if err != nil {
 		return
 	}
+	defer func() {
+		switch {
+		case err != nil:
+			os.RemoveAll(dir)
+		case c.keep:
+			done = func() {}
+			fmt.Fprintln(os.Stderr, "data and logs in", dir)
+		default:
+			done = func() { os.RemoveAll(dir) }
+		}
+	}()
 	bin = c.lockdBin
 	if bin == "" || c.repo != "" {
 		repo, err = findRepo(c.repo)
@@ -143,16 +155,12 @@ func benchMain(args []string) int {
 
 	ctx, cancel := signalContext()
 	defer cancel()
-	repo, bin, dir, err := cf.prepare()
+	repo, bin, dir, done, err := cf.prepare()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lockbench:", err)
 		return 1
 	}
-	if !cf.keep {
-		defer os.RemoveAll(dir)
-	} else {
-		fmt.Fprintln(os.Stderr, "data and logs in", dir)
-	}
+	defer done()
 
 	rep := &report{Started: time.Now(), Workloads: wls}
 	rep.Host = describeHost(repo)

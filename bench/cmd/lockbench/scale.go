@@ -158,16 +158,12 @@ func scaleMain(args []string) int {
 	defer stop()
 	ctx, cancel := context.WithTimeout(sctx, *timeout)
 	defer cancel()
-	repo, bin, dir, err := cf.prepare()
+	repo, bin, dir, done, err := cf.prepare()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lockbench:", err)
 		return 1
 	}
-	if !cf.keep {
-		defer os.RemoveAll(dir)
-	} else {
-		fmt.Fprintln(os.Stderr, "data and logs in", dir)
-	}
+	defer done()
 	rep := &scaleReport{Started: time.Now(), Host: describeHost(repo), Members: cf.members, Locks: *locks, Waiters: *waiters}
 	rep.LockdFlags = []string{"--log-level", "info", "--raft-log-level", "info"}
 	if *snapInterval > 0 {
