@@ -108,15 +108,11 @@ func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next s
 			switch resp.StatusCode {
 			case http.StatusUnauthorized, http.StatusForbidden:
 				// The token is refused; every member would say the same.
-				var eb errorBody
+				var b []byte
 				if resp.Body != nil {
-					b, _ := io.ReadAll(resp.Body)
-					_ = json.Unmarshal(b, &eb)
+					b, _ = io.ReadAll(resp.Body)
 				}
-				if eb.Error == nil {
-					eb.Error = &api.Error{Code: codeForStatus(resp.StatusCode), Message: "WebSocket upgrade refused: HTTP " + resp.Status}
-				}
-				return nil, "", fmt.Errorf("%s: %w", base, serverError(eb.Error, resp.StatusCode))
+				return nil, "", fmt.Errorf("%s: %w", base, replyError(resp.StatusCode, b, "WebSocket upgrade refused: HTTP "+resp.Status))
 			case http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
 				leader := resp.Header.Get(api.HeaderLeader)
 				if leader == "" {

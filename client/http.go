@@ -126,6 +126,19 @@ type errorBody struct {
 	Leader string     `json:"leader"`
 }
 
+// replyError is the error an error reply carries: its JSON error body, or
+// fallback under the code its status implies when the body holds none.
+func replyError(status int, data []byte, fallback string) *ServerError {
+	var eb errorBody
+	_ = json.Unmarshal(data, &eb)
+	if eb.Error == nil {
+		eb.Error = &api.Error{Code: codeForStatus(status), Message: fallback}
+	}
+	se := serverError(eb.Error, status)
+	se.Holder, se.Leader = eb.Holder, eb.Leader
+	return se
+}
+
 // maxRedirects bounds leader redirects for one attempt on one member.
 const maxRedirects = 5
 
@@ -322,13 +335,7 @@ func (a *API) try(ctx context.Context, r *request, u string) (err error, retry b
 			}
 			return nil, false
 		default:
-			var eb errorBody
-			_ = json.Unmarshal(data, &eb)
-			if eb.Error == nil {
-				eb.Error = &api.Error{Code: codeForStatus(resp.StatusCode), Message: fmt.Sprintf("HTTP %d: %.200s", resp.StatusCode, bytes.TrimSpace(data))}
-			}
-			se := serverError(eb.Error, resp.StatusCode)
-			se.Holder, se.Leader = eb.Holder, eb.Leader
+			se := replyError(resp.StatusCode, data, fmt.Sprintf("HTTP %d: %.200s", resp.StatusCode, bytes.TrimSpace(data)))
 			if ra := resp.Header.Get("Retry-After"); ra != "" {
 				se.retryAfterHdr = ra
 			}
