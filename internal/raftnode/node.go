@@ -72,7 +72,8 @@ type Config struct {
 	LogStore string
 
 	// Listener and Dial replace the TCP listener and dialer of the Raft
-	// transport; tests use them to cut and delay links.
+	// transport; tests use them to cut and delay links. The node owns
+	// Listener: it is closed with the node, or by New when New fails.
 	Listener net.Listener
 	Dial     func(addr string, timeout time.Duration) (net.Conn, error)
 
@@ -171,6 +172,9 @@ func New(cfg Config) (*Node, error) {
 	defer func() {
 		if !ok {
 			n.closeStores()
+			if n.transport == nil && cfg.Listener != nil {
+				cfg.Listener.Close() // New owns it; the transport would have closed it
+			}
 		}
 	}()
 

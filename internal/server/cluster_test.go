@@ -2,7 +2,9 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -260,13 +262,23 @@ func TestWALLogStore(t *testing.T) {
 func TestDataDirInUse(t *testing.T) {
 	c := testutil.NewCluster(t, 1, testutil.Options{})
 	l := c.WaitLeader(10 * time.Second)
+	raftLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
-	_, err := server.New(server.Config{ID: l.ID, DataDir: l.Dir, HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0"})
+	_, err = server.New(server.Config{ID: l.ID, DataDir: l.Dir, HTTPAddr: "127.0.0.1:0", RaftListener: raftLn})
 	if err == nil || !strings.Contains(err.Error(), "another lockd") {
 		t.Fatalf("a second member on a data dir in use: %v", err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("refused after %v", d)
+	}
+	// The failed start let go of the Raft listener it was given (an open
+	// one would time out here).
+	_ = raftLn.(*net.TCPListener).SetDeadline(time.Now().Add(time.Second))
+	if _, err := raftLn.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Raft listener still open after a failed start: %v", err)
 	}
 }
 
