@@ -8,9 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -18,7 +16,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -246,159 +243,24 @@ func killGroupAtCleanup(t *testing.T, pidFile string) {
 	})
 }
 
-// faultProxy is a TCP proxy that can cut the link like a network does:
-// freeze (a black hole: connections stay open, no byte is forwarded either
-// way, new connections are accepted and ignored) or reset (every
-// connection is reset and new ones are refused with a reset).
-type faultProxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.RWMutex // held for reading while a chunk is forwarded
-	mode  int
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
-}
-
-const (
-	proxyForward = iota
-	proxyFreeze
-	proxyReset
-)
-
-func newFaultProxy(t *testing.T, target string) *faultProxy {
+// newProxy fronts a member with testutil.Proxy, the proxy the chaos tests
+// cut links with: Cut resets every connection and every new one at once;
+// freeze makes a black hole; Heal forwards again (and resets a connection
+// that lost bytes to a freeze).
+func newProxy(t *testing.T, target string) *testutil.Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := testutil.NewProxy("127.0.0.1:0", target, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &faultProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.serve()
-	t.Cleanup(p.Close)
+	t.Cleanup(func() { p.Close() })
 	return p
 }
 
-func (p *faultProxy) URL() string { return "http://" + p.ln.Addr().String() }
-
-func (p *faultProxy) serve() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		mode := p.mode
-		if mode == proxyReset {
-			p.mu.Unlock()
-			resetConn(c)
-			continue
-		}
-		p.conns[c] = struct{}{}
-		p.mu.Unlock()
-		if mode == proxyFreeze {
-			p.wg.Add(1)
-			go p.sink(c)
-			continue
-		}
-		b, err := net.DialTimeout("tcp", p.target, 2*time.Second)
-		if err != nil {
-			p.forget(c)
-			resetConn(c)
-			continue
-		}
-		p.mu.Lock()
-		p.conns[b] = struct{}{}
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.pump(c, b)
-		go p.pump(b, c)
-	}
-}
-
-// sink swallows what a connection accepted while frozen sends.
-func (p *faultProxy) sink(c net.Conn) {
-	defer p.wg.Done()
-	_, _ = io.Copy(io.Discard, c)
-	p.forget(c)
-	c.Close()
-}
-
-func (p *faultProxy) pump(src, dst net.Conn) {
-	defer p.wg.Done()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.RLock()
-			if p.mode == proxyForward {
-				if _, werr := dst.Write(buf[:n]); werr != nil && err == nil {
-					err = werr
-				}
-			}
-			p.mu.RUnlock()
-		}
-		if err != nil {
-			p.forget(src)
-			p.forget(dst)
-			src.Close()
-			dst.Close()
-			return
-		}
-	}
-}
-
-func (p *faultProxy) forget(c net.Conn) {
-	p.mu.Lock()
-	delete(p.conns, c)
-	p.mu.Unlock()
-}
-
-func resetConn(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0) // close sends RST
-	}
-	c.Close()
-}
-
-// freeze stops forwarding: once it returns, no byte crosses the proxy.
-func (p *faultProxy) freeze() {
-	p.mu.Lock()
-	p.mode = proxyFreeze
-	p.mu.Unlock()
-}
-
-// reset resets every connection and refuses new ones.
-func (p *faultProxy) reset() {
-	p.mu.Lock()
-	p.mode = proxyReset
-	conns := p.conns
-	p.conns = map[net.Conn]struct{}{}
-	p.mu.Unlock()
-	for c := range conns {
-		resetConn(c)
-	}
-}
-
-// heal forwards again: new connections, and the ones a freeze left open
-// (what was sent while frozen is gone).
-func (p *faultProxy) heal() {
-	p.mu.Lock()
-	p.mode = proxyForward
-	p.mu.Unlock()
-}
-
-func (p *faultProxy) Close() {
-	p.ln.Close()
-	p.mu.Lock()
-	conns := p.conns
-	p.conns = map[net.Conn]struct{}{}
-	p.mu.Unlock()
-	for c := range conns {
-		c.Close()
-	}
-	p.wg.Wait()
+// freeze: connections stay open and no byte crosses either way.
+func freeze(p *testutil.Proxy) {
+	p.Blackhole(testutil.Up)
+	p.Blackhole(testutil.Down)
 }
 
 // ---------------------------------------------------------------------------
@@ -539,9 +401,9 @@ func TestClientSessionSurvivesLeaderKill(t *testing.T) {
 func TestWaiterGrantedWhileDisconnected(t *testing.T) {
 	pc := startCluster(t, 1)
 	leader := pc.procs[pc.leader(10*time.Second)]
-	proxy := newFaultProxy(t, leader.httpAddr)
+	proxy := newProxy(t, leader.httpAddr)
 	a := newClient(t, []string{leader.url()}, "client-a", 5*time.Second)
-	b := newClient(t, []string{proxy.URL()}, "client-b", 5*time.Second, func(cfg *client.Config) { cfg.CloseTimeout = time.Second })
+	b := newClient(t, []string{"http://" + proxy.Addr()}, "client-b", 5*time.Second, func(cfg *client.Config) { cfg.CloseTimeout = time.Second })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	la, err := a.TryAcquire(ctx, "H")
@@ -552,7 +414,7 @@ func TestWaiterGrantedWhileDisconnected(t *testing.T) {
 	pc.waitWaiters(t, "H", 1)
 	sidB := b.SessionID()
 
-	proxy.reset()
+	proxy.Cut()
 	if err := la.Release(ctx); err != nil {
 		t.Fatalf("A: release: %v", err)
 	}
@@ -566,7 +428,7 @@ func TestWaiterGrantedWhileDisconnected(t *testing.T) {
 	default:
 	}
 	healedAt := time.Now()
-	proxy.heal()
+	proxy.Heal()
 	var r acquireResult
 	select {
 	case r = <-bCh:
@@ -766,9 +628,9 @@ func TestCutOffClientLosesLockBeforeServer(t *testing.T) {
 			const ttl = 2 * time.Second
 			const obsTTL = 60 * time.Second
 			name := "cut-" + mode
-			proxy := newFaultProxy(t, leader.httpAddr)
+			proxy := newProxy(t, leader.httpAddr)
 			// Close's session delete goes to the dead proxy: keep it short.
-			c := newClient(t, []string{proxy.URL()}, "cut-"+mode, ttl, func(cfg *client.Config) { cfg.CloseTimeout = time.Second })
+			c := newClient(t, []string{"http://" + proxy.Addr()}, "cut-"+mode, ttl, func(cfg *client.Config) { cfg.CloseTimeout = time.Second })
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			l, err := c.TryAcquire(ctx, name)
@@ -796,9 +658,9 @@ func TestCutOffClientLosesLockBeforeServer(t *testing.T) {
 			lost := closedAt(l.Lost())
 			cutAt := time.Now()
 			if mode == "freeze" {
-				proxy.freeze()
+				freeze(proxy)
 			} else {
-				proxy.reset()
+				proxy.Cut()
 			}
 			var lostAt time.Time
 			select {
@@ -840,7 +702,7 @@ func TestCutOffClientLosesLockBeforeServer(t *testing.T) {
 			if !isClosed(c.Done()) {
 				t.Fatalf("the session's Done() is open after its lease ran out")
 			}
-			proxy.heal()
+			proxy.Heal()
 			rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
 			defer rcancel()
 			l2, err := c.TryAcquire(rctx, name+"-after")
