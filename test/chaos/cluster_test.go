@@ -21,33 +21,14 @@ import (
 	"github.com/lockd/lockd/internal/testutil"
 )
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
+// builds holds cmd/lockd and cmd/fencestore, built once per test binary
+// and removed by TestMain.
+var builds testutil.Builds
 
 // binaries builds cmd/lockd and cmd/fencestore once per test binary.
 func binaries(t testing.TB) (lockd, fencestore string) {
 	t.Helper()
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "lockd-chaos-bin")
-		if buildErr != nil {
-			return
-		}
-		for _, name := range []string{"lockd", "fencestore"} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(buildDir, name), "./cmd/"+name)
-			cmd.Dir = filepath.Join("..", "..")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("build %s: %v\n%s", name, err, out)
-				return
-			}
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(buildDir, "lockd"), filepath.Join(buildDir, "fencestore")
+	return builds.Path(t, "lockd"), builds.Path(t, "fencestore")
 }
 
 // freeAddr picks ports below the ephemeral range (see testutil.FreeAddr).

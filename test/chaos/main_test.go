@@ -57,7 +57,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { builds.Remove() }))
 }
 
 // cmdGoKill is when cmd/go will kill this binary (zero: no known limit).

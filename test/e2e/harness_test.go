@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,45 +16,16 @@ import (
 	"github.com/lockd/lockd/internal/testutil"
 )
 
-var binDir string
+var builds testutil.Builds
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "lockd-e2e-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
 	code := m.Run()
-	os.RemoveAll(dir)
+	builds.Remove()
 	os.Exit(code)
 }
 
-var (
-	buildMu  sync.Mutex
-	builtErr = map[string]error{}
-)
-
 // Bin builds cmd/<name> once per test binary and returns its path.
-func Bin(t testing.TB, name string) string {
-	t.Helper()
-	buildMu.Lock()
-	defer buildMu.Unlock()
-	path := filepath.Join(binDir, name)
-	err, done := builtErr[name]
-	if !done {
-		cmd := exec.Command("go", "build", "-o", path, "./cmd/"+name)
-		cmd.Dir = filepath.Join("..", "..")
-		if out, berr := cmd.CombinedOutput(); berr != nil {
-			err = fmt.Errorf("build %s: %v\n%s", name, berr, out)
-		}
-		builtErr[name] = err
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
+func Bin(t testing.TB, name string) string { return builds.Path(t, name) }
 
 type proc struct {
 	id, dir, httpAddr, raftAddr string
