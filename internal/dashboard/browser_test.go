@@ -21,7 +21,6 @@ import (
 	"github.com/chromedp/chromedp"
 	"go.uber.org/goleak"
 
-	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/server"
 	"github.com/lockd/lockd/internal/testutil"
 )
@@ -419,17 +418,10 @@ func TestDashboardInBrowserWithAuth(t *testing.T) {
 		goleak.VerifyNone(t, goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"))
 	})
 	const opsToken, billingToken = "ops-token-0123456789", "billing-token-0123456789"
-	path := filepath.Join(t.TempDir(), "tokens.json")
-	if err := os.WriteFile(path, []byte(`{"tokens": [
+	_, store := testutil.AuthFile(t, `{"tokens": [
 	  {"name": "ops", "token": "`+opsToken+`", "permissions": [{"prefix": "", "access": "admin"}]},
 	  {"name": "billing", "token": "`+billingToken+`", "permissions": [{"prefix": "billing/", "access": "lock"}]}
-	]}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	store, err := auth.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	]}`)
 	c := testutil.NewCluster(t, 1, testutil.Options{Modify: func(cfg *server.Config) {
 		cfg.Auth, cfg.PeerToken = store, opsToken
 	}})
@@ -481,13 +473,8 @@ func callRetry(ctx context.Context, method, url string, body any) testutil.Reply
 // waitQueue waits until the leader reports n waiters on a lock.
 func waitQueue(t *testing.T, ctx context.Context, base, lock string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("%d waiters on %s", n, lock), func() bool {
 		r := testutil.Call(ctx, http.MethodGet, base+"/api/v1/locks/"+lock, nil)
-		if r.Status == 200 && r.Uint("waiters") == uint64(n) {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatal(fmt.Sprintf("%s never had %d waiters", lock, n))
+		return r.Status == 200 && r.Uint("waiters") == uint64(n)
+	})
 }

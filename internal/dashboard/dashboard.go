@@ -438,7 +438,6 @@ func (h *hub) current() (*frame, <-chan struct{}) {
 // the dashboard never takes more than ~5% of the state lock) and publishes
 // changes, until no stream is left.
 func (h *hub) poll() {
-	var last []byte
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -461,12 +460,11 @@ func (h *hub) poll() {
 		cost := time.Since(start)
 
 		h.mu.Lock()
-		if h.cur == nil || !bytes.Equal(body, last) {
+		if h.cur == nil || !bytes.Equal(body, h.cur.body) {
 			h.seq++
 			h.cur = &frame{seq: h.seq, body: body}
 			close(h.changed)
 			h.changed = make(chan struct{})
-			last = body
 		}
 		h.mu.Unlock()
 		timer.Reset(max(h.cfg.pollInterval, 20*cost))
