@@ -24,6 +24,11 @@ const (
 	CodeStaleToken       = "stale_token" // fencestore
 )
 
+// MsgRestoreNotEmpty starts the invalid_argument message of a snapshot
+// restore refused because the cluster already holds state (without force);
+// lockctl recognizes it to explain --force.
+const MsgRestoreNotEmpty = "the cluster already holds state"
+
 // Status returns the HTTP status that goes with an error code.
 func Status(code string) int {
 	switch code {

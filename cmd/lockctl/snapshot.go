@@ -115,16 +115,10 @@ func (e *env) snapshotRestore(ctx context.Context, path string, force bool) int 
 	defer cancel()
 	if err := a.SnapshotRestore(ctx, f, force); err != nil {
 		var se *client.ServerError
-		if errors.As(err, &se) && se.API.Code == api.CodeInvalidArgument {
-			switch {
-			case strings.Contains(se.API.Message, "already holds state"):
-				fmt.Fprintf(e.stderr, "lockctl: snapshot restore %s: refused: the cluster already holds state (locks, sessions or issued tokens); "+
-					"restore into a fresh cluster, or pass --force to replace its state with the backup\n", path)
-				return exitError
-			case strings.Contains(se.API.Message, "not a lockd backup"):
-				fmt.Fprintf(e.stderr, "lockctl: snapshot restore: %s is not a lockd backup, or is damaged: %s\n", path, se.API.Message)
-				return exitError
-			}
+		if errors.As(err, &se) && se.API.Code == api.CodeInvalidArgument && strings.HasPrefix(se.API.Message, api.MsgRestoreNotEmpty) {
+			fmt.Fprintf(e.stderr, "lockctl: snapshot restore %s: refused: the cluster already holds state (locks, sessions or issued tokens); "+
+				"restore into a fresh cluster, or pass --force to replace its state with the backup\n", path)
+			return exitError
 		}
 		return e.fail(err, "snapshot restore "+path)
 	}

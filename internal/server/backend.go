@@ -308,7 +308,7 @@ func (s *Server) RestoreBackup(ctx context.Context, data []byte, force bool) err
 		restored.PrepareRestore(t)
 	})
 	if !empty && !force {
-		return httpapi.Errorf(api.CodeInvalidArgument, "the cluster already holds state; restore into a fresh cluster, or pass force=true to replace it")
+		return httpapi.Errorf(api.CodeInvalidArgument, "%s; restore into a fresh cluster, or pass force=true to replace it", api.MsgRestoreNotEmpty)
 	}
 	s.timers.Stop()
 	s.hub.Reset(notify.ErrLeadershipLost)
