@@ -44,7 +44,6 @@ type outcome struct {
 	FinalToken       uint64 // its Fencing-Token
 	ValueA1, ValueA2 string
 	ValueB           string
-	AClientLockState string // what A's client library said afterwards
 }
 
 // check says whether the story ended as fencing promises: A's late write
@@ -197,7 +196,6 @@ it has already accepted for that object.
 		n.say("fencestore", "refused it: token %d is lower than %d, which it already accepted for %q", ev.Token, reply.Highest, cfg.key)
 	}
 	if ev, err = a.next(ctx, "lock_state", 30*time.Second); err == nil {
-		o.AClientLockState = ev.Err
 		n.say("A", "only now does its client library notice: %s", ev.Err)
 	}
 

@@ -31,9 +31,6 @@ func binaries(t testing.TB) (lockd, fencestore string) {
 	return builds.Path(t, "lockd"), builds.Path(t, "fencestore")
 }
 
-// freeAddr picks ports below the ephemeral range (see testutil.FreeAddr).
-func freeAddr() (string, error) { return testutil.FreeAddr() }
-
 // slot is a place for one member: fixed addresses, a data dir, and the
 // proxies its Raft connections go through. A slot is reused when a removed
 // member's place is taken by a new member (with a new id and a fresh data
@@ -99,11 +96,11 @@ func StartCluster(t testing.TB, opts ClusterOptions) *Cluster {
 	}
 	n := opts.Members + opts.Spares
 	for i := 0; i < n; i++ {
-		h, err := freeAddr()
+		h, err := testutil.FreeAddr()
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := freeAddr()
+		r, err := testutil.FreeAddr()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -650,7 +647,7 @@ func StartFencestore(t testing.TB) *Fencestore {
 	t.Helper()
 	_, bin := binaries(t)
 	dir := t.TempDir()
-	addr, err := freeAddr()
+	addr, err := testutil.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}

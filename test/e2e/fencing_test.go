@@ -282,7 +282,7 @@ func TestFencingSignedProofsEndToEnd(t *testing.T) {
 	// The WebSocket grant carries a proof too; Lock.Fence sends it.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := client.New(ctx, client.Config{Endpoints: fencEndpoints(pc), ClientID: "ws-worker"})
+	c, err := client.New(ctx, client.Config{Endpoints: pc.endpoints(), ClientID: "ws-worker"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,12 +367,4 @@ func fencForeignProof(t *testing.T, lock string, token uint64) string {
 		t.Fatal(err)
 	}
 	return fence.Sign(priv, lock, token, time.Now().Add(time.Minute).UnixMilli())
-}
-
-func fencEndpoints(pc *procCluster) []string {
-	var out []string
-	for _, id := range pc.up() {
-		out = append(out, pc.procs[id].url())
-	}
-	return out
 }

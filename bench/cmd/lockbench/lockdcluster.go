@@ -122,7 +122,7 @@ func startLockd(ctx context.Context, bin, dir string, n int, extra []string) (*l
 }
 
 // startAll starts every member (on its existing data dir, if any) and waits
-// until each is ready. It returns how long that took.
+// until each is ready.
 func (c *lockdCluster) startAll(ctx context.Context) error {
 	for _, m := range c.members {
 		p, err := startProc("lockd-"+m.id, filepath.Join(c.dir, m.id+".log"), c.bin, m.args...)
