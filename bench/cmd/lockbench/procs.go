@@ -5,12 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -19,17 +21,35 @@ import (
 // 100 on every Linux build Go supports (getconf CLK_TCK).
 const clockTicks = 100
 
-// freePort asks the kernel for a free loopback port. The port is released
-// before use, so another process could take it in between; on a shared
-// machine that is rare, and a member that fails to bind fails the start.
+// freePort returns a loopback port that was free a moment ago, from
+// 20000–32767: below Linux's ephemeral range, so no outgoing connection
+// takes it while a member is down (the scale run restarts every member on
+// its ports). Ports handed out once are not handed out again. lockd's tests
+// pick ports the same way (internal/testutil.FreeAddr, which this module
+// cannot import).
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for i := 0; i < 1000; i++ {
+		p := 20000 + rand.IntN(12768)
+		if portsGiven[p] {
+			continue
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		portsGiven[p] = true
+		return p, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no free port in 20000-32767")
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
 
 // proc is one server process the bench started.
 type proc struct {
