@@ -48,19 +48,6 @@ func newSecureCluster(t *testing.T) (*testutil.Cluster, *tls.Config) {
 	return c, &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{kp}}
 }
 
-// followerFirst lists the members' URLs, the followers first, so that calls
-// start with a redirect.
-func followerFirst(c *testutil.Cluster) []string {
-	l := c.WaitLeader(15 * time.Second)
-	var out []string
-	for _, m := range c.Up() {
-		if m.ID != l.ID {
-			out = append(out, m.URL())
-		}
-	}
-	return append(out, l.URL())
-}
-
 // TestSecureCluster runs the client against a real cluster with HTTPS,
 // client certificates and tokens: a session over wss:// takes and releases
 // a lock; wrong tokens and prefixes are refused with the sentinels, at once;
@@ -70,7 +57,7 @@ func TestSecureCluster(t *testing.T) {
 		t.Skip("starts a 3-member cluster")
 	}
 	c, tc := newSecureCluster(t)
-	eps := followerFirst(c)
+	eps := c.URLsFollowersFirst()
 	for _, e := range eps {
 		if !strings.HasPrefix(e, "https://") {
 			t.Fatalf("endpoint %s is not https", e)

@@ -49,23 +49,10 @@ func (s *secureSetup) cluster(t *testing.T, n int) *testutil.Cluster {
 	return testutil.NewCluster(t, n, testutil.Options{Modify: testutil.Secure(s.ca, s.store, tokenAdmin)})
 }
 
-// endpointsFollowersFirst joins the members' URLs, followers first, so
-// that commands start with a redirect to the leader.
-func endpointsFollowersFirst(c *testutil.Cluster) string {
-	l := c.WaitLeader(15 * time.Second)
-	var out []string
-	for _, m := range c.Up() {
-		if m.ID != l.ID {
-			out = append(out, m.URL())
-		}
-	}
-	return strings.Join(append(out, l.URL()), ",")
-}
-
 // env is the environment of a lockctl speaking to c with token.
 func (s *secureSetup) env(c *testutil.Cluster, token string) map[string]string {
 	return map[string]string{
-		"LOCKD_ENDPOINTS": endpointsFollowersFirst(c),
+		"LOCKD_ENDPOINTS": strings.Join(c.URLsFollowersFirst(), ","),
 		"LOCKD_CACERT":    s.ca.CertPEM,
 		"LOCKD_CERT":      s.cert,
 		"LOCKD_KEY":       s.key,
@@ -82,7 +69,7 @@ func TestSecureCluster(t *testing.T) {
 	}
 	s := newSecureSetup(t)
 	c := s.cluster(t, 3)
-	eps := endpointsFollowersFirst(c)
+	eps := strings.Join(c.URLsFollowersFirst(), ",")
 	if !strings.HasPrefix(eps, "https://") {
 		t.Fatalf("endpoints %s", eps)
 	}

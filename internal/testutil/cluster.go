@@ -169,6 +169,19 @@ func (c *Cluster) Up() []*Member {
 	return out
 }
 
+// URLsFollowersFirst lists the running members' URLs with the leader last,
+// so that a client's first call is answered with a redirect.
+func (c *Cluster) URLsFollowersFirst() []string {
+	l := c.WaitLeader(15 * time.Second)
+	var out []string
+	for _, m := range c.Up() {
+		if m.ID != l.ID {
+			out = append(out, m.URL())
+		}
+	}
+	return append(out, l.URL())
+}
+
 // WaitLeader waits until exactly one running member is a ready leader and
 // returns it.
 func (c *Cluster) WaitLeader(timeout time.Duration) *Member {
