@@ -339,6 +339,26 @@ func retrying(ctx context.Context, t0 time.Time, try int) bool {
 	return true
 }
 
+// retry runs f until it succeeds or retrying gives up (returning f's last
+// error), finding the leader again between tries. onFail, when set, sees
+// every failure.
+func (r *leaderRef) retry(ctx context.Context, f func() error, onFail func(error)) error {
+	t0 := time.Now()
+	for try := 0; ; try++ {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		if onFail != nil {
+			onFail(err)
+		}
+		if !retrying(ctx, t0, try) {
+			return err
+		}
+		r.refresh(ctx)
+	}
+}
+
 // firstRetried keeps the first error a loader retried, for the report.
 var firstRetried atomic.Value
 
@@ -382,19 +402,13 @@ func loadHeld(ctx context.Context, hc *http.Client, ref *leaderRef, from, to int
 					return
 				}
 				var err error
-				t0 := time.Now()
-				for try := 0; ; try++ {
-					if err = postOK(lctx, hc, ref.get().httpURL+"/api/v1/locks/"+scaleLockName(i)+"/acquire", body); err == nil {
-						break
-					}
+				err = ref.retry(lctx, func() error {
+					return postOK(lctx, hc, ref.get().httpURL+"/api/v1/locks/"+scaleLockName(i)+"/acquire", body)
+				}, func(err error) {
 					if errs.Add(1) == 1 {
 						firstRetried.Store(err.Error())
 					}
-					if !retrying(lctx, t0, try) {
-						break
-					}
-					ref.refresh(lctx)
-				}
+				})
 				if err != nil {
 					mu.Lock()
 					if firstErr == nil {
@@ -447,16 +461,10 @@ func sweepPoint(ctx context.Context, hc *http.Client, lc *lockdCluster, ref *lea
 	for i := 0; i < n; i++ {
 		var ad, rd time.Duration
 		var err error
-		t0 := time.Now()
-		for try := 0; ; try++ {
-			if ad, rd, err = cycle(ctx, hc, ref.get().httpURL, fmt.Sprintf("probe-%d-%d", held, i), "probe"); err == nil {
-				break
-			}
-			if !retrying(ctx, t0, try) {
-				break
-			}
-			ref.refresh(ctx)
-		}
+		err = ref.retry(ctx, func() (err error) {
+			ad, rd, err = cycle(ctx, hc, ref.get().httpURL, fmt.Sprintf("probe-%d-%d", held, i), "probe")
+			return err
+		}, nil)
 		if err != nil {
 			return scalePoint{}, err
 		}
@@ -586,34 +594,24 @@ func loadWaiters(ctx context.Context, ref *leaderRef, n int64, conns int) (func(
 				return nil
 			}
 			errc <- func() error {
-				var err error
-				t0 := time.Now()
-				for try := 0; ; try++ {
-					if err = dial(); err == nil {
-						break
-					}
-					if !retrying(ctx, t0, try) {
-						break
-					}
-					ref.refresh(ctx)
-				}
-				if err != nil {
+				if err := ref.retry(ctx, dial, nil); err != nil {
 					return err
 				}
 				for i := from; i < to; {
 					end := min(i+500, to)
-					t0 := time.Now()
-					for try := 0; ; try++ {
-						if err = batch(i, end); err == nil {
-							break
+					redial := false // after a failed batch, on a fresh connection to the leader
+					err := ref.retry(ctx, func() error {
+						if redial {
+							if err := dial(); err != nil {
+								return err
+							}
 						}
-						if !retrying(ctx, t0, try) {
-							return err
-						}
-						ref.refresh(ctx)
-						if derr := dial(); derr != nil {
-							err = derr
-						}
+						err := batch(i, end)
+						redial = err != nil
+						return err
+					}, nil)
+					if err != nil {
+						return err
 					}
 					done.Add(end - i)
 					i = end
