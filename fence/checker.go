@@ -2,8 +2,9 @@ package fence
 
 import "sync"
 
-// Checker admits fencing tokens per resource key against a Store, and can
-// order a caller's own writes by token (Do).
+// Checker admits fenced writes per resource key against a Store (the
+// highest token and the lock the key is bound to), and can order a caller's
+// own writes by token (Do).
 type Checker struct {
 	store Store
 	locks keyLocks
@@ -21,18 +22,20 @@ func NewChecker(store Store) *Checker {
 // Store returns the store the Checker keeps its tokens in.
 func (c *Checker) Store() Store { return c.store }
 
-// Check admits token for key: nil if token is not lower than any token
-// admitted before for key (it is now the highest); otherwise an error that
-// errors.Is ErrStaleToken, as a *StaleTokenError carrying the highest.
-// Check is atomic per key: concurrent calls are admitted in some order in
-// which the highest token never goes down.
-func (c *Checker) Check(key string, token uint64) error {
+// Check admits w for key: nil if w's token is not lower than any token
+// admitted before for key (it is now the highest) and w is made under the
+// key's lock (an unbound key becomes bound to w.Lock, when w names one);
+// otherwise an error that errors.Is ErrStaleToken (a *StaleTokenError
+// carrying the highest) or ErrLockMismatch (a *LockMismatchError). See
+// Write.Apply. Check is atomic per key: concurrent calls are admitted in
+// some order in which the highest token never goes down.
+func (c *Checker) Check(key string, w Write) error {
 	unlock := c.locks.lock(key)
 	defer unlock()
-	return c.store.Admit(key, token)
+	return c.store.Admit(key, w)
 }
 
-// Do admits token for key as Check does and, if admitted, runs fn while
+// Do admits w for key as Check does and, if admitted, runs fn while
 // holding key's lock, so no other Check or Do on key runs in between. So the
 // writes made by fn take effect in token order: once a token has been
 // admitted, no fn of a lower token runs afterwards. Do returns the admission
@@ -42,10 +45,10 @@ func (c *Checker) Check(key string, token uint64) error {
 // before fn runs: a crash inside fn leaves the token raised without fn's
 // write, which keeps older holders out. Where value and token must be stored
 // together, use Store.Put.
-func (c *Checker) Do(key string, token uint64, fn func() error) error {
+func (c *Checker) Do(key string, w Write, fn func() error) error {
 	unlock := c.locks.lock(key)
 	defer unlock()
-	if err := c.store.Admit(key, token); err != nil {
+	if err := c.store.Admit(key, w); err != nil {
 		return err
 	}
 	return fn()

@@ -21,7 +21,7 @@ func TestCheckerCheck(t *testing.T) {
 		{"a", 7, 0},
 	}
 	for _, s := range steps {
-		err := c.Check(s.key, s.token)
+		err := c.Check(s.key, Write{Token: s.token})
 		if s.highest == 0 {
 			if err != nil {
 				t.Fatalf("Check(%s, %d) = %v, want admitted", s.key, s.token, err)
@@ -38,17 +38,17 @@ func TestCheckerCheck(t *testing.T) {
 func TestCheckerDo(t *testing.T) {
 	c := NewChecker(nil)
 	ran := false
-	if err := c.Do("k", 3, func() error { ran = true; return nil }); err != nil || !ran {
+	if err := c.Do("k", Write{Token: 3}, func() error { ran = true; return nil }); err != nil || !ran {
 		t.Fatalf("Do(3) = %v, ran %v", err, ran)
 	}
 	ran = false
-	err := c.Do("k", 2, func() error { ran = true; return nil })
+	err := c.Do("k", Write{Token: 2}, func() error { ran = true; return nil })
 	wantStale(t, err, 3)
 	if ran {
 		t.Fatal("fn ran for a stale token")
 	}
 	boom := errors.New("boom")
-	if err := c.Do("k", 4, func() error { return boom }); err != boom {
+	if err := c.Do("k", Write{Token: 4}, func() error { return boom }); err != boom {
 		t.Fatalf("Do = %v, want fn's error", err)
 	}
 	if h, _ := c.Highest("k"); h != 4 {
@@ -74,7 +74,7 @@ func TestCheckerDoOrdersWrites(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_ = c.Do(key, tok, func() error {
+				_ = c.Do(key, Write{Token: tok, Lock: "L"}, func() error {
 					mu.Lock()
 					applied = append(applied, tok)
 					mu.Unlock()

@@ -10,15 +10,25 @@
 // 409 stale_token instead of overwriting the newer data. An equal token is
 // accepted, so the same holder may write many times.
 //
+// Tokens are global: lockd has one counter for every lock. So a token is
+// only comparable with tokens of the same lock, and each key is bound to the
+// one lock that guards it: by configuration (Guards, WithLockFunc;
+// fencestore --guard PREFIX=LOCK, the longest matching prefix wins), else by
+// the first accepted write that names a lock in Fencing-Lock, kept in the
+// Store from then on. A write naming another lock gets 403
+// permission_denied whatever its token; without the binding, a holder of any
+// lock with a higher token could overwrite the key and fence its real
+// holder out for good.
+//
 // The package has three layers:
 //
-//   - A Store keeps the highest accepted token per key. Its Admit and Put
-//     compare and raise the token in one atomic step, so two writers racing
-//     with tokens 5 and 6 can never leave 5 accepted after 6. NewMemoryStore
-//     keeps it in memory; OpenBoltStore keeps it in a bbolt file, and its Put
-//     writes the value and the token in one transaction, so a crash never
-//     separates them.
-//   - A Checker admits tokens against a Store, and Middleware wraps any
+//   - A Store keeps the highest accepted token and the lock binding per
+//     key. Its Admit and Put check and update both in one atomic step
+//     (Write.Apply), so two writers racing with tokens 5 and 6 can never
+//     leave 5 accepted after 6. NewMemoryStore keeps it in memory;
+//     OpenBoltStore keeps it in a bbolt file, and its Put writes the value,
+//     token and binding in one transaction, so a crash never separates them.
+//   - A Checker admits writes against a Store, and Middleware wraps any
 //     net/http handler with the header parsing, proof checking and error
 //     replies.
 //   - NewServer is the whole fencestore resource server (cmd/fencestore).
@@ -42,11 +52,38 @@
 // so the stored value is always the one written with the highest accepted
 // token, across crashes and restarts.
 //
+// A token is the latest only until the next holder of the same lock writes:
+// a holder that lost its lock can still write while no newer holder has.
+// That is inherent to fencing tokens; proof expiry (below) narrows it.
+//
 // # Proofs
 //
-// A token alone can be invented by any client. When the resource server is
-// given lockd's Ed25519 public key (WithVerifyKey, ServerConfig.VerifyKey), it
-// also requires header Fencing-Proof: a signature by the lock service over the
-// lock name (header Fencing-Lock), the token and an expiry, made by Sign and
-// checked by Verify. A missing or bad proof gets 403 permission_denied.
+// A token alone can be invented by any client: without proofs, fencing
+// keeps honest clients apart, and nothing more. In particular any client can
+// send the largest token, 18446744073709551615, after which no write to that
+// key is ever accepted again (fencestore's admin reset, Store.Reset, is the
+// way out).
+//
+// When the resource server is given lockd's Ed25519 public key
+// (WithVerifyKey, ServerConfig.VerifyKey), it also requires header
+// Fencing-Proof: a signature by the lock service over the lock name (header
+// Fencing-Lock), the token, the grant's mode and its expiry, made by
+// SignGrant and checked by VerifyGrant (format version 2; see ProofLen). A
+// write is then refused with 403 permission_denied when the proof is
+// missing or bad, names another lock than the key's, is a shared grant's
+// (readers cannot write), or has expired (Middleware: unless
+// WithoutProofExpiry). A stale token is answered 409 even when its proof has
+// also expired.
+//
+// What a proof promises: that the lock service's private key signed that
+// grant, so a client without the key cannot make one for a lock, token or
+// mode it was not granted, nor change one it was. What it does not promise:
+// that the grant is still held (a released or expired grant's proof stays
+// valid until its expiry, and one with expiry 0, a session lock without a
+// TTL, never expires); that it is secret (anyone who sees a proof, in
+// transit or in logs, can replay it: use TLS); that clocks agree (the
+// expiry is the lock service's, compared with the resource server's clock);
+// or anything once the private key leaks. A renewal does not re-sign: the
+// holder gets a fresh proof by acquiring again, which for the current holder
+// returns the same token with a renewed expiry.
 package fence

@@ -15,9 +15,16 @@ var (
 	ErrBadProof = errors.New("fence: bad fencing proof")
 	// ErrMissingProof: a write without Fencing-Proof where one is required.
 	ErrMissingProof = errors.New("fence: missing fencing proof")
-	// ErrExpiredProof: a proof whose expiry has passed (only checked with
-	// WithProofExpiry).
+	// ErrExpiredProof: a proof whose signed expiry has passed (see
+	// Grant.Expired; the Middleware accepts such proofs only with
+	// WithoutProofExpiry).
 	ErrExpiredProof = errors.New("fence: expired fencing proof")
+	// ErrSharedProof: a valid proof of a shared grant offered for a write.
+	// A shared holder is a reader; only an exclusive grant may write.
+	ErrSharedProof = errors.New("fence: proof of a shared grant cannot write")
+	// ErrLockMismatch: a write made under another lock than the one the key
+	// is bound to. The error is a *LockMismatchError.
+	ErrLockMismatch = errors.New("fence: key is bound to another lock")
 	// ErrInvalidHeader: a fencing header is missing or malformed. The error
 	// is a *HeaderError naming the header.
 	ErrInvalidHeader = errors.New("fence: invalid fencing header")
@@ -51,3 +58,22 @@ func (e *HeaderError) Error() string { return "header " + e.Header + " " + e.Rea
 
 // Is makes errors.Is(err, ErrInvalidHeader) true.
 func (e *HeaderError) Is(target error) bool { return target == ErrInvalidHeader }
+
+// LockMismatchError is returned when a write names another lock than the
+// one that guards its key (by configuration, or bound by the key's first
+// accepted write). errors.Is(err, ErrLockMismatch) holds for it.
+type LockMismatchError struct {
+	Key   string // the resource key
+	Lock  string // the lock the write named; "" when it named none
+	Bound string // the key's lock
+}
+
+func (e *LockMismatchError) Error() string {
+	if e.Lock == "" {
+		return fmt.Sprintf("fence: key %q is bound to lock %q, and the write names no lock", e.Key, e.Bound)
+	}
+	return fmt.Sprintf("fence: key %q is bound to lock %q, not %q", e.Key, e.Bound, e.Lock)
+}
+
+// Is makes errors.Is(err, ErrLockMismatch) true.
+func (e *LockMismatchError) Is(target error) bool { return target == ErrLockMismatch }

@@ -12,7 +12,8 @@ import (
 
 // A service adds fencing by wrapping its handler: writes then need a
 // Fencing-Token, and a token lower than one already seen for the same path
-// is refused with 409 before the handler runs.
+// is refused with 409 before the handler runs. The path is bound to the lock
+// its first write names in Fencing-Lock: a write under another lock gets 403.
 func Example() {
 	var stored string
 	files := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -23,13 +24,15 @@ func Example() {
 	})
 
 	// For durability across restarts use fence.OpenBoltStore; to accept only
-	// tokens signed by lockd add fence.WithVerifyKey(pub).
+	// tokens signed by lockd add fence.WithVerifyKey(pub); to bind paths to
+	// locks before their first write, fence.WithGuards.
 	checker := fence.NewChecker(fence.NewMemoryStore())
 	handler := fence.Middleware(checker)(files)
 
 	write := func(token, value string) {
 		r := httptest.NewRequest(http.MethodPut, "/reports/q3", strings.NewReader(value))
 		r.Header.Set(fence.HeaderToken, token)
+		r.Header.Set(fence.HeaderLock, "reports")
 		w := httptest.NewRecorder()
 		handler.ServeHTTP(w, r)
 		fmt.Print(w.Code, " ", w.Body.String())

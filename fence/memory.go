@@ -27,28 +27,43 @@ func (s *MemoryStore) Get(key string) (Record, error) {
 }
 
 // Admit implements Store.
-func (s *MemoryStore) Admit(key string, token uint64) error {
+func (s *MemoryStore) Admit(key string, w Write) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec := s.recs[key]
-	if token < rec.Token {
-		return &StaleTokenError{Key: key, Token: token, Highest: rec.Token}
+	next, err := w.Apply(key, s.recs[key])
+	if err != nil {
+		return err
 	}
-	rec.Token = token
-	s.recs[key] = rec
+	s.recs[key] = next
 	return nil
 }
 
 // Put implements Store. It keeps a copy of value.
-func (s *MemoryStore) Put(key string, token uint64, value []byte) error {
+func (s *MemoryStore) Put(key string, w Write, value []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec := s.recs[key]
-	if token < rec.Token {
-		return &StaleTokenError{Key: key, Token: token, Highest: rec.Token}
+	next, err := w.Apply(key, s.recs[key])
+	if err != nil {
+		return err
 	}
-	s.recs[key] = Record{Token: token, Value: clone(value), HasValue: true}
+	next.Value, next.HasValue = clone(value), true
+	s.recs[key] = next
 	return nil
+}
+
+// Reset implements Store.
+func (s *MemoryStore) Reset(key string, token uint64) (Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	prev, ok := s.recs[key]
+	if !ok && token == 0 {
+		return Record{}, nil
+	}
+	next := prev
+	next.Token, next.Lock = token, ""
+	s.recs[key] = next
+	prev.Value = clone(prev.Value)
+	return prev, nil
 }
 
 // clone copies b, so no caller aliases the stored bytes.

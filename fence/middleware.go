@@ -14,26 +14,41 @@ type Option func(*middlewareConfig)
 type middlewareConfig struct {
 	auth      authenticator
 	keyFunc   func(*http.Request) string
+	lockFunc  func(r *http.Request, key string) string
 	logger    *slog.Logger
 	serialize bool
 }
 
 // WithVerifyKey makes every write carry a Fencing-Proof signed by the lock
 // service's key pub, and a Fencing-Lock naming the lock it covers; a write
-// without them, or whose proof does not verify, gets 403 permission_denied.
+// without them, whose proof does not verify, is a shared grant's, or has
+// expired (see WithoutProofExpiry), gets 403 permission_denied.
 // A key of the wrong size fails closed: every write is refused.
 func WithVerifyKey(pub ed25519.PublicKey) Option {
 	return func(c *middlewareConfig) { c.auth.pub = pub }
 }
 
-// WithProofExpiry also refuses (403) a proof whose expiry is not after
-// now(). Off by default: the expiry is the lease's at grant time, a renewed
-// lock keeps its old proof, and the clocks of two machines differ; the
-// token comparison is what keeps a stale holder out. Turn it on to bound how
-// long a proof is worth where renewals re-sign and clocks are close.
-// It needs WithVerifyKey.
+// WithProofExpiry sets the clock a proof's expiry is compared with; the
+// default is time.Now. With WithVerifyKey, a proof whose expiry is not after
+// now() gets 403 (unless WithoutProofExpiry). The expiry is the lease's when
+// the proof was signed, by the lock service's clock, so the two machines'
+// clocks should agree to well within a TTL.
 func WithProofExpiry(now func() time.Time) Option {
 	return func(c *middlewareConfig) { c.auth.now = now }
+}
+
+// WithoutProofExpiry accepts proofs whose expiry has passed; the token
+// comparison and the key's lock binding still apply. Use it only where
+// holders keep a lock by renewing it and cannot fetch a fresh proof: lockd
+// signs a proof when it grants (an acquire by the holder re-signs with the
+// renewed expiry, a renew does not), so a holder renewing with the Go
+// client's auto-renew keeps the proof of its grant, which expires after one
+// TTL, and every later write of that still-valid holder would be refused.
+// The cost: a holder that lost its lock can still write until the next
+// holder of the same lock writes to the key (the window fencing tokens
+// alone leave open); refusing expired proofs narrows that to the lease.
+func WithoutProofExpiry() Option {
+	return func(c *middlewareConfig) { c.auth.acceptExpired = true }
 }
 
 // WithKeyFunc sets how a request maps to the resource key whose highest
@@ -41,6 +56,24 @@ func WithProofExpiry(now func() time.Time) Option {
 // its own resource. Requests mapped to one key share one token sequence.
 func WithKeyFunc(fn func(*http.Request) string) Option {
 	return func(c *middlewareConfig) { c.keyFunc = fn }
+}
+
+// WithLockFunc sets the lock that guards each key: fn returns it for a
+// write's request and resource key (WithKeyFunc), or "" to leave the key to
+// first-write binding. A write to a guarded key must name fn's lock in
+// Fencing-Lock (and with WithVerifyKey carry a proof of it), else 403; the
+// guard's lock wins over a lock bound earlier and replaces it. A key fn
+// leaves unguarded is bound to the lock of its first admitted write that
+// names one, kept in the Checker's Store from then on: a later write under
+// another lock, or under none, gets 403.
+func WithLockFunc(fn func(r *http.Request, key string) string) Option {
+	return func(c *middlewareConfig) { c.lockFunc = fn }
+}
+
+// WithGuards guards keys by prefix, as fencestore's --guard does: the
+// longest matching prefix's lock guards a key (see WithLockFunc).
+func WithGuards(g *Guards) Option {
+	return WithLockFunc(func(_ *http.Request, key string) string { return g.Lock(key) })
 }
 
 // WithLogger logs refused writes (Info) and store failures (Error).
@@ -65,30 +98,47 @@ func WithSerializedWrites() Option {
 //
 //   - reads Fencing-Token (required) and Fencing-Lock: a missing or
 //     malformed header gets 400 invalid_argument naming the header;
-//   - with WithVerifyKey, checks Fencing-Proof: 403 permission_denied;
-//   - admits the token with c.Check against the request's key (WithKeyFunc):
-//     a token lower than the highest admitted gets 409
-//     {"error":{"code":"stale_token",...},"highest_token":m}, and the handler
-//     does not run;
+//   - finds the request's key (WithKeyFunc) and the lock that guards it
+//     (WithLockFunc): a write naming another lock gets 403
+//     permission_denied;
+//   - with WithVerifyKey, checks Fencing-Proof: missing, bad, or a shared
+//     grant's, 403 permission_denied;
+//   - admits the write with c.Check: a write under another lock than the
+//     one the key is bound to gets 403 permission_denied; a token lower
+//     than the highest admitted gets 409
+//     {"error":{"code":"stale_token",...},"highest_token":m}; a proof that
+//     has expired (when neither applies) gets 403; in each case the
+//     handler does not run;
 //   - calls the handler with the Admission in the context (FromContext).
 //
 // The guarantee is admission at check time: the handler runs only for a
 // token that was, atomically, not lower than any token admitted before for
-// the key, and is now the highest. Two requests with tokens 5 and 6 racing
-// never end with 5 admitted after 6. The handler's own write is not part of
-// that atomic step (see WithSerializedWrites, and NewServer for value and
-// token stored in one transaction). A write whose handler fails still raised
-// the token. A nil c means NewChecker(nil), tokens in memory.
+// the key, made under the key's lock, and is now the highest. Two requests
+// with tokens 5 and 6 racing never end with 5 admitted after 6. The
+// handler's own write is not part of that atomic step (see
+// WithSerializedWrites, and NewServer for value and token stored in one
+// transaction). A write whose handler fails still raised the token. A nil c
+// means NewChecker(nil), tokens in memory.
 func Middleware(c *Checker, opts ...Option) func(http.Handler) http.Handler {
 	if c == nil {
 		c = NewChecker(nil)
 	}
-	cfg := middlewareConfig{keyFunc: func(r *http.Request) string { return r.URL.Path }}
+	cfg := middlewareConfig{
+		auth:     authenticator{now: time.Now},
+		keyFunc:  func(r *http.Request) string { return r.URL.Path },
+		lockFunc: func(*http.Request, string) string { return "" },
+	}
 	for _, o := range opts {
 		o(&cfg)
 	}
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.auth.now == nil {
+		cfg.auth.now = time.Now
+	}
+	if cfg.lockFunc == nil {
+		cfg.lockFunc = func(*http.Request, string) string { return "" }
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -96,22 +146,40 @@ func Middleware(c *Checker, opts ...Option) func(http.Handler) http.Handler {
 				next.ServeHTTP(w, r)
 				return
 			}
-			adm, herr := cfg.auth.authenticate(r.Header)
+			key := cfg.keyFunc(r)
+			guard := cfg.lockFunc(r, key)
+			adm, herr := cfg.auth.authenticate(r.Header, key, guard)
 			if herr != nil {
-				cfg.logger.Info("fenced write refused", "method", r.Method, "path", r.URL.Path,
+				cfg.logger.Info("fenced write refused", "method", r.Method, "path", r.URL.Path, "key", key,
 					"code", herr.code, "reason", herr.msg)
 				herr.write(w)
 				return
 			}
-			adm.Key = cfg.keyFunc(r)
+			wr := Write{Token: adm.Token, Lock: adm.Lock, Guarded: guard != ""}
+			if herr := cfg.auth.expired(adm); herr != nil {
+				// A write that is also stale or under a foreign lock is
+				// refused for that: "the lock was lost" is the more useful
+				// answer. Nothing is admitted either way.
+				if rec, err := c.Store().Get(key); err == nil {
+					if _, err := wr.Apply(key, rec); err != nil {
+						logAdmitError(cfg.logger, adm, err)
+						admitError(w, err)
+						return
+					}
+				}
+				cfg.logger.Info("fenced write refused", "method", r.Method, "path", r.URL.Path, "key", key,
+					"code", herr.code, "reason", herr.msg)
+				herr.write(w)
+				return
+			}
 			serve := func() error {
 				next.ServeHTTP(w, r.WithContext(withAdmission(r.Context(), adm)))
 				return nil
 			}
 			var err error
 			if cfg.serialize {
-				err = c.Do(adm.Key, adm.Token, serve)
-			} else if err = c.Check(adm.Key, adm.Token); err == nil {
+				err = c.Do(key, wr, serve)
+			} else if err = c.Check(key, wr); err == nil {
 				err = serve()
 			}
 			if err != nil {
@@ -135,6 +203,12 @@ func logAdmitError(l *slog.Logger, adm Admission, err error) {
 	if errors.As(err, &stale) {
 		l.Info("stale fencing token refused", "key", adm.Key, "lock", adm.Lock,
 			"token", adm.Token, "highest", stale.Highest)
+		return
+	}
+	var mismatch *LockMismatchError
+	if errors.As(err, &mismatch) {
+		l.Info("write under another lock refused", "key", adm.Key, "lock", adm.Lock,
+			"bound_lock", mismatch.Bound, "token", adm.Token)
 		return
 	}
 	l.Error("fencing store failed", "key", adm.Key, "token", adm.Token, "err", err)

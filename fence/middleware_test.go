@@ -214,15 +214,95 @@ func TestMiddlewareProofs(t *testing.T) {
 		})
 	}
 
-	t.Run("expiry enforced only with WithProofExpiry", func(t *testing.T) {
-		now := time.UnixMilli(exp + 1)
+	t.Run("expired proofs refused unless WithoutProofExpiry", func(t *testing.T) {
+		now := time.UnixMilli(exp)
+		clock := WithProofExpiry(func() time.Time { return now })
 		past := []string{HeaderToken, "7", HeaderLock, "res", HeaderProof, good}
-		h := Middleware(nil, WithVerifyKey(pub), WithProofExpiry(func() time.Time { return now }))(newResource())
+		h := Middleware(nil, WithVerifyKey(pub), clock)(newResource())
 		wantError(t, serve(h, req("PUT", "/x", "v", past...)), 403, api.CodePermissionDenied, "expired")
+		// Without a clock option the real one is used: a proof that
+		// expired a second ago is refused too.
 		h = Middleware(nil, WithVerifyKey(pub))(newResource())
+		old := []string{HeaderToken, "7", HeaderLock, "res", HeaderProof, Sign(priv, "res", 7, time.Now().Add(-time.Second).UnixMilli())}
+		wantError(t, serve(h, req("PUT", "/x", "v", old...)), 403, api.CodePermissionDenied, "expired")
+		h = Middleware(nil, WithVerifyKey(pub), clock, WithoutProofExpiry())(newResource())
 		if w := serve(h, req("PUT", "/x", "v", past...)); w.Code != 204 {
-			t.Fatalf("without WithProofExpiry: %d %s", w.Code, w.Body)
+			t.Fatalf("with WithoutProofExpiry: %d %s", w.Code, w.Body)
 		}
+	})
+
+	t.Run("stale token with an expired proof is stale", func(t *testing.T) {
+		now := time.UnixMilli(exp)
+		h := Middleware(nil, WithVerifyKey(pub), WithProofExpiry(func() time.Time { return now }))(newResource())
+		if w := serve(h, req("PUT", "/x", "v", HeaderToken, "9", HeaderLock, "res", HeaderProof, Sign(priv, "res", 9, exp+1))); w.Code != 204 {
+			t.Fatalf("token 9: %d %s", w.Code, w.Body)
+		}
+		wantError(t, serve(h, req("PUT", "/x", "v", HeaderToken, "7", HeaderLock, "res", HeaderProof, good)), 409, api.CodeStaleToken, "7")
+	})
+
+	t.Run("shared grant's proof refused", func(t *testing.T) {
+		rs := newResource()
+		h := Middleware(nil, WithVerifyKey(pub))(rs)
+		shared := SignGrant(priv, Grant{Lock: "res", Token: 7, Mode: ModeShared, ExpiresAt: exp})
+		wantError(t, serve(h, req("PUT", "/x", "v", HeaderToken, "7", HeaderLock, "res", HeaderProof, shared)), 403, api.CodePermissionDenied, "shared")
+		if len(rs.applied) != 0 {
+			t.Fatal("a reader's write reached the handler")
+		}
+	})
+}
+
+// TestMiddlewareBindsKeysToLocks: the middleware's version of the
+// reported attack, with first-write binding in its store, with WithGuards
+// (longest prefix) and with WithLockFunc.
+func TestMiddlewareBindsKeysToLocks(t *testing.T) {
+	pub, priv := testKey()
+	live := time.Now().Add(time.Hour).UnixMilli()
+	write := func(lock string, token uint64, exp int64) []string {
+		return []string{HeaderToken, uitoa(token), HeaderLock, lock, HeaderProof, Sign(priv, lock, token, exp)}
+	}
+	wantApplied := func(t *testing.T, w *httptest.ResponseRecorder) {
+		t.Helper()
+		if w.Code != 204 {
+			t.Fatalf("status %d %s, want 204", w.Code, w.Body)
+		}
+	}
+
+	t.Run("first write binds", func(t *testing.T) {
+		rs := newResource()
+		h := Middleware(nil, WithVerifyKey(pub))(rs)
+		wantApplied(t, serve(h, req("PUT", "/ledger", "balance 100", write("billing/ledger", 10, live)...)))
+		wantError(t, serve(h, req("PUT", "/ledger", "balance 0", write("a/x", 20, time.Now().Add(-time.Second).UnixMilli())...)), 403, api.CodePermissionDenied, "billing/ledger")
+		wantError(t, serve(h, req("PUT", "/ledger", "balance 0", write("a/x", 21, live)...)), 403, api.CodePermissionDenied, "billing/ledger")
+		wantApplied(t, serve(h, req("PUT", "/ledger", "balance 90", write("billing/ledger", 10, live)...)))
+		if v := rs.value("/ledger"); v != "balance 90" {
+			t.Fatalf("value = %q", v)
+		}
+	})
+
+	t.Run("guards", func(t *testing.T) {
+		g, err := NewGuards(Guard{Prefix: "/ledger", Lock: "billing/ledger"}, Guard{Prefix: "/ledger/eu", Lock: "billing/eu"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := newResource()
+		h := Middleware(nil, WithVerifyKey(pub), WithGuards(g))(rs)
+		wantError(t, serve(h, req("PUT", "/ledger", "evil", write("a/x", 20, live)...)), 403, api.CodePermissionDenied, "billing/ledger")
+		wantError(t, serve(h, req("PUT", "/ledger/eu/de", "x", write("billing/ledger", 10, live)...)), 403, api.CodePermissionDenied, "billing/eu")
+		wantApplied(t, serve(h, req("PUT", "/ledger/eu/de", "x", write("billing/eu", 10, live)...)))
+		wantApplied(t, serve(h, req("PUT", "/ledger/us", "y", write("billing/ledger", 11, live)...)))
+		wantApplied(t, serve(h, req("PUT", "/notes", "n", write("a/x", 20, live)...))) // unguarded: first write binds
+		if len(rs.applied) != 3 {
+			t.Fatalf("applied %v", rs.applied)
+		}
+	})
+
+	t.Run("lock func", func(t *testing.T) {
+		h := Middleware(nil, WithLockFunc(func(r *http.Request, key string) string {
+			return "tenant/" + r.URL.Query().Get("tenant")
+		}))(newResource())
+		wantApplied(t, serve(h, req("PUT", "/x?tenant=a", "v", HeaderToken, "1", HeaderLock, "tenant/a")))
+		wantError(t, serve(h, req("PUT", "/x?tenant=b", "v", HeaderToken, "2", HeaderLock, "tenant/a")), 403, api.CodePermissionDenied, "tenant/b")
+		wantError(t, serve(h, req("PUT", "/x?tenant=a", "v", HeaderToken, "2")), 403, api.CodePermissionDenied, "tenant/a")
 	})
 }
 
@@ -239,8 +319,22 @@ func TestMiddlewareKeyFuncAndAdmission(t *testing.T) {
 	if want := (Admission{Key: "tenant:1", Token: 10, Lock: "L"}); got != want {
 		t.Fatalf("admission = %+v, want %+v", got, want)
 	}
-	// another path, same key: same token sequence
-	wantError(t, serve(h, req("PUT", "/b?t=1", "", HeaderToken, "9")), 409, api.CodeStaleToken, "9")
+	// another path, same key: same token sequence, and the same lock
+	wantError(t, serve(h, req("PUT", "/b?t=1", "", HeaderToken, "9", HeaderLock, "L")), 409, api.CodeStaleToken, "9")
+	wantError(t, serve(h, req("PUT", "/b?t=1", "", HeaderToken, "11", HeaderLock, "M")), 403, api.CodePermissionDenied, "L")
+
+	// With a proof, the Admission carries the grant's mode and expiry.
+	pub, priv := testKey()
+	h = Middleware(nil, WithVerifyKey(pub))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, _ = FromContext(r.Context())
+	}))
+	exp := time.Now().Add(time.Hour).UnixMilli()
+	if w := serve(h, req("PUT", "/p", "", HeaderToken, "3", HeaderLock, "L", HeaderProof, Sign(priv, "L", 3, exp))); w.Code != 200 {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	if want := (Admission{Key: "/p", Token: 3, Lock: "L", Mode: ModeExclusive, ProofExpiresAt: exp}); got != want {
+		t.Fatalf("admission = %+v, want %+v", got, want)
+	}
 }
 
 // TestMiddlewareConcurrentWritersNeverGoBackwards races writers with tokens
@@ -308,12 +402,12 @@ type recordingStore struct {
 	log []uint64
 }
 
-func (s *recordingStore) Admit(key string, token uint64) error {
+func (s *recordingStore) Admit(key string, w Write) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	err := s.Store.Admit(key, token)
+	err := s.Store.Admit(key, w)
 	if err == nil {
-		s.log = append(s.log, token)
+		s.log = append(s.log, w.Token)
 	}
 	return err
 }

@@ -3,11 +3,13 @@ package fence
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // testKey is a fixed key, so fuzz seeds stay valid across runs.
@@ -66,6 +68,8 @@ func TestSignVerify(t *testing.T) {
 		{"last char changed", pub, "res", 42, flip(ProofLen - 1)},
 		{"lock NUL splice", pub, "res\x00", 42, good},
 		{"huge", pub, "res", 42, strings.Repeat("A", 1<<20)},
+		{"padding replaced by data", pub, "res", 42, good[:ProofLen-1] + "A"},
+		{"padding removed", pub, "res", 42, strings.TrimRight(good, "=")},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -143,4 +147,78 @@ func TestKeyFiles(t *testing.T) {
 			t.Fatal("LoadPublicKey accepted a missing file")
 		}
 	})
+}
+
+// TestProofCoversMode: a proof states its grant's mode; a shared grant's
+// proof verifies as shared but never passes Verify (the check for a
+// write), and changing its mode byte to exclusive breaks the signature.
+func TestProofCoversMode(t *testing.T) {
+	pub, priv := testKey()
+	const exp = int64(1_750_000_000_123)
+	shared := SignGrant(priv, Grant{Lock: "res", Token: 42, Mode: ModeShared, ExpiresAt: exp})
+	g, err := VerifyGrant(pub, "res", 42, shared)
+	if err != nil || g != (Grant{Lock: "res", Token: 42, Mode: ModeShared, ExpiresAt: exp}) {
+		t.Fatalf("VerifyGrant(shared) = %+v, %v", g, err)
+	}
+	if _, err := Verify(pub, "res", 42, shared); !errors.Is(err, ErrSharedProof) {
+		t.Fatalf("Verify(shared) = %v, want ErrSharedProof", err)
+	}
+	raw, err := base64.StdEncoding.DecodeString(shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[1] = modeByteExclusive // the reader claims to be a writer
+	if _, err := VerifyGrant(pub, "res", 42, base64.StdEncoding.EncodeToString(raw)); !errors.Is(err, ErrBadProof) {
+		t.Fatalf("a shared proof relabelled exclusive: %v, want ErrBadProof", err)
+	}
+	exclusive := Sign(priv, "res", 42, exp)
+	if g, err := VerifyGrant(pub, "res", 42, exclusive); err != nil || g.Mode != ModeExclusive {
+		t.Fatalf("VerifyGrant(Sign(...)) = %+v, %v; want exclusive", g, err)
+	}
+	if exclusive == shared {
+		t.Fatal("the two modes' proofs are equal")
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("SignGrant signed an unknown mode")
+		}
+	}()
+	SignGrant(priv, Grant{Lock: "res", Token: 42, Mode: "writer"})
+}
+
+// TestProofFormatVersion2 pins the signed message: a format change that
+// does not bump the version (and this test) shows up here. A version 1
+// proof, which covered no mode, is refused with a message saying so.
+func TestProofFormatVersion2(t *testing.T) {
+	pub, priv := testKey()
+	const v2 = "AgEAAAGXdCDcAN8efxpV+H7WsKtGi5cYphENDYBXkZoKrKcw4tCws0SYy459G0FXchLX8rsBJEYQLE1Y9ldelVXCt6Q8zKZkww0="
+	if got := Sign(priv, "res", 42, 1_750_000_000_000); got != v2 {
+		t.Fatalf("Sign = %q, want the pinned %q", got, v2)
+	}
+	if len(v2) != ProofLen || ProofLen != 100 {
+		t.Fatalf("ProofLen = %d", ProofLen)
+	}
+	// The same grant signed by the previous release (domain lockd-fence-v1).
+	const v1 = "AAABl3Qg3AD693+XW7EmjZvq8sH74OpIUdVSjbmgDO1pBm62XoholsHFBO3pTaf2W2VWp+2SzhfXzSt0gBml9+7wIJ2tEGEE"
+	_, err := Verify(pub, "res", 42, v1)
+	if !errors.Is(err, ErrBadProof) || !strings.Contains(err.Error(), "version 1") {
+		t.Fatalf("Verify(v1 proof) = %v, want ErrBadProof naming version 1", err)
+	}
+	raw, _ := base64.StdEncoding.DecodeString(v2)
+	raw[0] = 3
+	if _, err := Verify(pub, "res", 42, base64.StdEncoding.EncodeToString(raw)); !errors.Is(err, ErrBadProof) || !strings.Contains(err.Error(), "version 3") {
+		t.Fatalf("Verify(version 3) = %v", err)
+	}
+}
+
+func TestGrantExpired(t *testing.T) {
+	now := time.UnixMilli(1_000)
+	for _, tc := range []struct {
+		exp  int64
+		want bool
+	}{{999, true}, {1_000, true}, {1_001, false}, {0, false}, {-1, true}} {
+		if got := (Grant{ExpiresAt: tc.exp}).Expired(now); got != tc.want {
+			t.Errorf("Grant{ExpiresAt: %d}.Expired(1000) = %v, want %v", tc.exp, got, tc.want)
+		}
+	}
 }

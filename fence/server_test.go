@@ -289,12 +289,12 @@ type recordingPutStore struct {
 	log []keyToken
 }
 
-func (s *recordingPutStore) Put(key string, token uint64, value []byte) error {
+func (s *recordingPutStore) Put(key string, w Write, value []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	err := s.Store.Put(key, token, value)
+	err := s.Store.Put(key, w, value)
 	if err == nil {
-		s.log = append(s.log, keyToken{key, token})
+		s.log = append(s.log, keyToken{key, w.Token})
 	}
 	return err
 }

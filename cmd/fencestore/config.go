@@ -7,9 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/lockd/lockd/fence"
 )
 
 // envPrefix: each flag --some-flag may also come from FENCESTORE_SOME_FLAG.
@@ -21,9 +24,14 @@ const dbFile = "fencestore.db"
 
 // Config is the fencestore configuration, from flags and environment.
 type Config struct {
-	Addr            string
-	DataDir         string
-	VerifyKey       string // path of a PEM public key; "" checks no proofs
+	Addr      string
+	DataDir   string
+	VerifyKey string // path of a PEM public key; "" checks no proofs
+	// Guards bind keys to locks by prefix (--guard PREFIX=LOCK, repeatable).
+	Guards []fence.Guard
+	// AdminTokenFile holds the bearer token of DELETE
+	// /v1/objects/{key}/fence; "" turns that endpoint off.
+	AdminTokenFile  string
 	MaxValueBytes   int64
 	LogFormat       string
 	LogLevel        string
@@ -46,7 +54,18 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (Conf
 	fs.SetOutput(out)
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:7090", "HTTP listen address")
 	fs.StringVar(&c.DataDir, "data-dir", "./fencestore-data", "directory of the bbolt file `"+dbFile+"`")
-	fs.StringVar(&c.VerifyKey, "verify-key", "", "PEM Ed25519 public key of the lock service (PKIX); when set, every write needs a valid Fencing-Proof and Fencing-Lock")
+	fs.StringVar(&c.VerifyKey, "verify-key", "", "PEM Ed25519 public key of the lock service (PKIX); when set, every write needs Fencing-Lock and a Fencing-Proof of an exclusive grant of the key's lock that has not expired")
+	fs.Func("guard", "`PREFIX=LOCK`: keys starting with PREFIX are guarded by LOCK (repeatable, or comma-separated; the longest matching prefix wins; other keys are bound to the lock of their first accepted write)", func(v string) error {
+		for _, part := range strings.Split(v, ",") {
+			g, err := fence.ParseGuard(part)
+			if err != nil {
+				return err
+			}
+			c.Guards = append(c.Guards, g)
+		}
+		return nil
+	})
+	fs.StringVar(&c.AdminTokenFile, "admin-token-file", "", "file holding the admin bearer token (at least 16 bytes) of DELETE /v1/objects/{key}/fence, which resets a key's highest token and lock binding; unset turns that endpoint off")
 	fs.Int64Var(&c.MaxValueBytes, "max-value-bytes", 1<<20, "largest accepted value (PUT body) in bytes; larger gets 413")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -57,10 +76,19 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (Conf
 	fs.Usage = func() {
 		fmt.Fprintf(out, "Usage: fencestore [flags]\n\n"+
 			"A resource server that accepts a write only with a fencing token not lower than\n"+
-			"the highest it has accepted for that key. Each flag --some-flag may also be set\n"+
-			"as %sSOME_FLAG in the environment; the command line wins. With --tls-cert and\n"+
-			"--tls-key it serves HTTPS, and with --client-ca it requires client certificates;\n"+
-			"SIGHUP re-reads those files (a file that fails to load keeps the old ones).\n\nFlags:\n", envPrefix)
+			"the highest it has accepted for that key, under the lock that guards the key:\n"+
+			"--guard PREFIX=LOCK, else the Fencing-Lock of the key's first accepted write,\n"+
+			"kept from then on. A write naming another lock gets 403 whatever its token.\n\n"+
+			"Without --verify-key tokens are not authenticated: any client can write any\n"+
+			"token, and one PUT with Fencing-Token 18446744073709551615 blocks a key for\n"+
+			"good. Run with --verify-key where clients are not all trusted. With\n"+
+			"--admin-token-file, DELETE /v1/objects/{key}/fence[?fencing_token=N] with\n"+
+			"\"Authorization: Bearer <token>\" resets a key's highest token to N (default 0)\n"+
+			"and drops its lock binding (the value stays).\n\n"+
+			"Each flag --some-flag may also be set as %sSOME_FLAG in the environment; the\n"+
+			"command line wins. With --tls-cert and --tls-key it serves HTTPS, and with\n"+
+			"--client-ca it requires client certificates; SIGHUP re-reads those files (a\n"+
+			"file that fails to load keeps the old ones).\n\nFlags:\n", envPrefix)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -116,6 +144,9 @@ func (c Config) Validate() error {
 	if c.ClientCA != "" && c.TLSCert == "" {
 		errs = append(errs, errors.New("--client-ca needs --tls-cert and --tls-key (client certificates are checked over HTTPS)"))
 	}
+	if _, err := fence.NewGuards(c.Guards...); err != nil {
+		errs = append(errs, fmt.Errorf("--guard: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -139,3 +170,28 @@ func newLogger(c Config, w io.Writer) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
 }
+
+// readAdminToken reads --admin-token-file: the token is the file's content
+// without surrounding whitespace (so a trailing newline does not count).
+func readAdminToken(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("--admin-token-file: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxAdminTokenFile+1))
+	if err != nil {
+		return "", fmt.Errorf("--admin-token-file %s: %w", path, err)
+	}
+	if len(b) > maxAdminTokenFile {
+		return "", fmt.Errorf("--admin-token-file %s: larger than %d bytes, not a token", path, maxAdminTokenFile)
+	}
+	tok := strings.TrimSpace(string(b))
+	if len(tok) < fence.MinAdminTokenBytes {
+		return "", fmt.Errorf("--admin-token-file %s: the token is %d bytes, want at least %d (e.g. openssl rand -hex 32)", path, len(tok), fence.MinAdminTokenBytes)
+	}
+	return tok, nil
+}
+
+// maxAdminTokenFile bounds what readAdminToken reads.
+const maxAdminTokenFile = 4096

@@ -1,10 +1,20 @@
 // Command fencestore is a resource server that accepts a write only with a
 // fencing token not lower than the highest it has accepted for that key, so a
 // lock holder that lost its lock cannot overwrite a newer holder's data.
-// Values and tokens live in one bbolt file; see package fence for the API.
+// Each key is bound to the lock that guards it (--guard PREFIX=LOCK, the
+// longest matching prefix winning, else the Fencing-Lock of the key's first
+// accepted write), and a write naming another lock is refused whatever its
+// token. Values, tokens and bindings live in one bbolt file; see package
+// fence for the API and cmd/fencestore/README.md for operations.
 //
 //	fencestore --addr 127.0.0.1:7090 --data-dir ./fencestore-data [--verify-key FILE]
+//	           [--guard PREFIX=LOCK ...] [--admin-token-file FILE]
 //	           [--tls-cert FILE --tls-key FILE [--client-ca FILE]]
+//
+// Without --verify-key, tokens are whatever clients send: one PUT with
+// Fencing-Token 18446744073709551615 blocks a key for good. With
+// --admin-token-file, DELETE /v1/objects/{key}/fence resets a key's token
+// and binding.
 //
 // With --tls-cert and --tls-key it serves HTTPS; with --client-ca it also
 // requires client certificates signed by that CA (mTLS). SIGHUP re-reads the
@@ -68,6 +78,16 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 	}
+	guards, err := fence.NewGuards(cfg.Guards...)
+	if err != nil {
+		return err
+	}
+	var adminToken string
+	if cfg.AdminTokenFile != "" {
+		if adminToken, err = readAdminToken(cfg.AdminTokenFile); err != nil {
+			return err
+		}
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return err
 	}
@@ -83,6 +103,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	handler, err := fence.NewServer(fence.ServerConfig{
 		Store:         store,
 		VerifyKey:     pub,
+		Guards:        guards,
+		AdminToken:    adminToken,
 		MaxValueBytes: cfg.MaxValueBytes,
 		Logger:        log,
 	})
@@ -138,7 +160,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("listening", "addr", ln.Addr().String(), "data_dir", cfg.DataDir,
-		"verify_proofs", pub != nil, "tls", cfg.TLS(), "client_certs", cfg.ClientCA != "")
+		"verify_proofs", pub != nil, "guards", len(cfg.Guards), "admin_reset", adminToken != "",
+		"tls", cfg.TLS(), "client_certs", cfg.ClientCA != "")
+	for _, g := range guards.List() {
+		log.Info("guard", "prefix", g.Prefix, "lock", g.Lock)
+	}
+	if pub == nil {
+		log.Warn("no --verify-key: fencing tokens are not authenticated; any client can write any token, and one write with the largest token blocks its key until an admin reset")
+	}
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

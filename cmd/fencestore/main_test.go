@@ -97,6 +97,27 @@ func TestParseConfig(t *testing.T) {
 		{"cert without key", []string{"--tls-cert", "c.pem"}, env(), nil, "--tls-cert and --tls-key go together"},
 		{"key without cert", nil, env("FENCESTORE_TLS_KEY", "k.pem"), nil, "--tls-cert and --tls-key go together"},
 		{"client ca without tls", []string{"--client-ca", "ca.pem"}, env(), nil, "--client-ca needs --tls-cert"},
+		{"guards", []string{"--guard", "ledger=billing/ledger", "--guard", "ledger/eu=billing/eu,=catch-all"}, env(),
+			func(t *testing.T, c Config) {
+				want := []fence.Guard{{Prefix: "ledger", Lock: "billing/ledger"}, {Prefix: "ledger/eu", Lock: "billing/eu"}, {Prefix: "", Lock: "catch-all"}}
+				if len(c.Guards) != len(want) {
+					t.Fatalf("guards: %+v", c.Guards)
+				}
+				for i := range want {
+					if c.Guards[i] != want[i] {
+						t.Fatalf("guards: %+v, want %+v", c.Guards, want)
+					}
+				}
+			}, ""},
+		{"guards from the environment", nil, env("FENCESTORE_GUARD", "a/=A,b/=B", "FENCESTORE_ADMIN_TOKEN_FILE", "/run/admin"),
+			func(t *testing.T, c Config) {
+				if len(c.Guards) != 2 || c.Guards[1] != (fence.Guard{Prefix: "b/", Lock: "B"}) || c.AdminTokenFile != "/run/admin" {
+					t.Fatalf("env: %+v", c)
+				}
+			}, ""},
+		{"guard without a lock", []string{"--guard", "ledger"}, env(), nil, "PREFIX=LOCK"},
+		{"guard with a bad lock", []string{"--guard", "ledger=bad lock"}, env(), nil, "guard"},
+		{"one prefix, two locks", []string{"--guard", "p=A", "--guard", "p=B"}, env(), nil, "--guard"},
 		{"stray argument", []string{"serve"}, env(), nil, "serve"},
 		{"unknown flag", []string{"--nope"}, env(), nil, "nope"},
 	}
@@ -122,7 +143,8 @@ func TestHelp(t *testing.T) {
 	if _, err := parseConfig([]string{"--help"}, func(string) string { return "" }, &out); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("err = %v, want flag.ErrHelp", err)
 	}
-	for _, want := range []string{"-addr", "-data-dir", "-verify-key", "-log-format", "-log-level", "FENCESTORE_", "-tls-cert", "-tls-key", "-client-ca", "SIGHUP"} {
+	for _, want := range []string{"-addr", "-data-dir", "-verify-key", "-log-format", "-log-level", "FENCESTORE_", "-tls-cert", "-tls-key", "-client-ca", "SIGHUP",
+		"-guard", "PREFIX=LOCK", "longest", "first accepted write", "-admin-token-file", "18446744073709551615", "DELETE /v1/objects/{key}/fence"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help does not mention %s:\n%s", want, out.String())
 		}
@@ -352,4 +374,99 @@ func lines(b *testutil.SyncBuffer) []string {
 		out = append(out, sc.Text())
 	}
 	return out
+}
+
+// TestBinaryBindingAndReset runs the real binary with --verify-key,
+// --guard and --admin-token-file: a proof for one lock cannot write a key
+// bound to another (by its first write, or by the longest matching guard),
+// the binding survives a restart, an expired or shared proof is refused,
+// and the admin reset unblocks a key.
+func TestBinaryBindingAndReset(t *testing.T) {
+	dir, bin := binaryTest(t)
+	data := filepath.Join(dir, "data")
+	privPath, pubPath := filepath.Join(dir, "lockd.key"), filepath.Join(dir, "lockd.pub")
+	if err := fence.GenerateKeyFiles(privPath, pubPath); err != nil {
+		t.Fatal(err)
+	}
+	priv, err := fence.LoadPrivateKey(privPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(dir, "admin-token")
+	const admin = "3f1c0d5e9a7b2c4d6e8f0a1b2c3d4e5f"
+	if err := os.WriteFile(tokenFile, []byte(admin+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	live := time.Now().Add(time.Minute).UnixMilli()
+	signed := func(lock string, token uint64, exp int64) map[string]string {
+		return map[string]string{fence.HeaderToken: strconv.FormatUint(token, 10), fence.HeaderLock: lock,
+			fence.HeaderProof: fence.Sign(priv, lock, token, exp)}
+	}
+	args := []string{"--addr", "127.0.0.1:0", "--data-dir", data, "--log-format", "json", "--verify-key", pubPath,
+		"--guard", "ledger=billing/ledger", "--guard", "ledger-eu=billing/eu", "--admin-token-file", tokenFile}
+
+	p := startBinary(t, bin, nil, args...)
+	p.wantStatus(t, "PUT", "/v1/objects/notes", "n1", signed("notes/lock", 10, live), 200, "")
+	p.wantStatus(t, "PUT", "/v1/objects/ledger-eu-1", "e1", signed("billing/ledger", 11, live), 403, api.CodePermissionDenied)
+	p.wantStatus(t, "PUT", "/v1/objects/ledger-eu-1", "e1", signed("billing/eu", 11, live), 200, "")
+	p.wantStatus(t, "PUT", "/v1/objects/ledger", "l1", signed("billing/ledger", 12, live), 200, "")
+	p.stop(t, syscall.SIGTERM)
+
+	p = startBinary(t, bin, nil, args...)
+	// The tenant's proof of a/x, with a higher token, expired or not.
+	p.wantStatus(t, "PUT", "/v1/objects/notes", "evil", signed("a/x", 20, live), 403, api.CodePermissionDenied)
+	p.wantStatus(t, "PUT", "/v1/objects/notes", "evil", signed("a/x", 21, time.Now().Add(-time.Second).UnixMilli()), 403, api.CodePermissionDenied)
+	p.wantStatus(t, "PUT", "/v1/objects/ledger", "evil", signed("a/x", 22, live), 403, api.CodePermissionDenied)
+	p.wantObject(t, "notes", "n1", 10)
+	p.wantObject(t, "ledger", "l1", 12)
+	p.wantStatus(t, "PUT", "/v1/objects/notes", "n2", signed("notes/lock", 10, live), 200, "")
+	p.wantStatus(t, "PUT", "/v1/objects/notes", "late", signed("notes/lock", 30, time.Now().Add(-time.Second).UnixMilli()), 403, api.CodePermissionDenied)
+	shared := map[string]string{fence.HeaderToken: "31", fence.HeaderLock: "notes/lock",
+		fence.HeaderProof: fence.SignGrant(priv, fence.Grant{Lock: "notes/lock", Token: 31, Mode: fence.ModeShared, ExpiresAt: live})}
+	p.wantStatus(t, "PUT", "/v1/objects/notes", "reader", shared, 403, api.CodePermissionDenied)
+	p.wantObject(t, "notes", "n2", 10)
+
+	// The admin reset drops the binding; the next proof's lock binds again.
+	p.wantStatus(t, "DELETE", "/v1/objects/notes/fence", "", nil, 401, api.CodeUnauthenticated)
+	p.wantStatus(t, "DELETE", "/v1/objects/notes/fence?fencing_token=5", "", map[string]string{"Authorization": "Bearer " + admin}, 200, "")
+	p.wantStatus(t, "PUT", "/v1/objects/notes", "n3", signed("notes/v2", 6, live), 200, "")
+	p.wantObject(t, "notes", "n3", 6)
+	p.stop(t, syscall.SIGTERM)
+}
+
+// TestBinaryMaxTokenBlocksUntilReset: without --verify-key one PUT with
+// the largest token blocks a key (documented); the admin reset undoes it.
+func TestBinaryMaxTokenBlocksUntilReset(t *testing.T) {
+	dir, bin := binaryTest(t)
+	tokenFile := filepath.Join(dir, "admin-token")
+	const admin = "an-admin-token-of-some-length"
+	if err := os.WriteFile(tokenFile, []byte(admin), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startBinary(t, bin, nil, "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--log-format", "json",
+		"--admin-token-file", tokenFile)
+	p.wantStatus(t, "PUT", "/v1/objects/k", "mine", map[string]string{fence.HeaderToken: "5", fence.HeaderLock: "L"}, 200, "")
+	p.wantStatus(t, "PUT", "/v1/objects/k", "blocked", map[string]string{fence.HeaderToken: "18446744073709551615", fence.HeaderLock: "L"}, 200, "")
+	p.wantStatus(t, "PUT", "/v1/objects/k", "mine", map[string]string{fence.HeaderToken: "6", fence.HeaderLock: "L"}, 409, api.CodeStaleToken)
+	p.wantStatus(t, "DELETE", "/v1/objects/k/fence?fencing_token=6", "", map[string]string{"Authorization": "Bearer " + admin}, 200, "")
+	p.wantStatus(t, "PUT", "/v1/objects/k", "mine", map[string]string{fence.HeaderToken: "6", fence.HeaderLock: "L"}, 200, "")
+	p.wantObject(t, "k", "mine", 6)
+	if !strings.Contains(p.logs.String(), "fence reset by admin") || !strings.Contains(p.logs.String(), "no --verify-key") {
+		t.Fatalf("logs lack the reset or the warning:\n%s", p.logs.String())
+	}
+	p.stop(t, syscall.SIGTERM)
+}
+
+func TestBinaryBadAdminTokenFile(t *testing.T) {
+	dir, bin := binaryTest(t)
+	short := filepath.Join(dir, "short")
+	if err := os.WriteFile(short, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range []string{short, filepath.Join(dir, "missing")} {
+		out, err := runOnce(bin, "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "d"), "--admin-token-file", file)
+		if code := exitCodeOf(err); code != 1 || !strings.Contains(out, "--admin-token-file") {
+			t.Fatalf("%s: exit %v; output:\n%s", file, err, out)
+		}
+	}
 }
