@@ -6,7 +6,8 @@
 // the SPEC says (not_leader on WebSocket, 307 on HTTP). There is no Raft and
 // nothing on disk: the members share one state, so a leader change keeps
 // sessions and queues, as the real cluster does. Faults: SetLeader,
-// DropConnections, Partition, ExpireSession.
+// DropConnections, Partition, DropReplies, ExpireSession, ExpireLock,
+// DropGrant.
 package lockdtest
 
 import (
@@ -39,7 +40,10 @@ type Cluster struct {
 	closed      bool
 	leader      int // index of the leader, -1 for none
 	partitioned bool
-	healed      chan struct{} // closed when a partition ends
+	dropReplies map[string]bool // WebSocket ops whose replies are lost
+	requests    map[string]int  // WebSocket requests handled, by op
+	lost        map[string]int  // WebSocket requests lost to a partition, by op
+	healed      chan struct{}   // closed when a partition ends
 	lastToken   uint64
 	nextSession int
 	sessions    map[string]*session
@@ -61,6 +65,10 @@ func New(opts Options) *Cluster {
 		sessions: make(map[string]*session),
 		ended:    make(map[string]time.Time),
 		locks:    make(map[string]*lock),
+		requests: make(map[string]int),
+		lost:     make(map[string]int),
+
+		dropReplies: make(map[string]bool),
 	}
 	close(c.healed)
 	for i := 0; i < opts.Members; i++ {
@@ -170,6 +178,17 @@ func (c *Cluster) Partition(on bool) {
 	c.logf("lockdtest: partitioned=%v", on)
 }
 
+// DropReplies makes the leader apply every WebSocket request of op (say
+// api.OpRelease) but lose its reply on the way (on) or answer again (off),
+// as when a connection breaks right after the leader committed the
+// request: the client cannot tell what became of it.
+func (c *Cluster) DropReplies(op string, on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dropReplies[op] = on
+	c.logf("lockdtest: replies to %s dropped=%v", op, on)
+}
+
 // ExpireSession ends a session now, as DELETE /api/v1/sessions/{id} does.
 // It reports whether the session was alive.
 func (c *Cluster) ExpireSession(id string) bool {
@@ -252,6 +271,22 @@ func (c *Cluster) Waiters(name string) []string {
 		}
 	}
 	return out
+}
+
+// Requests returns how many WebSocket requests of op (say api.OpAcquire)
+// the leader has handled.
+func (c *Cluster) Requests(op string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.requests[op]
+}
+
+// LostRequests returns how many WebSocket requests of op were lost to a
+// partition (see Partition).
+func (c *Cluster) LostRequests(op string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lost[op]
 }
 
 // Conns returns the number of open WebSocket connections.

@@ -94,7 +94,10 @@ func (c *Cluster) acquireLocked(name, clientID, sessionID string, ttl, wait time
 			l.queue = append(l.queue[:i], l.queue[i+1:]...)
 			return nil, api.CodeLockHeld, l.holder.clientID
 		}
-		w.reqID, w.notify, w.ttl, w.sessionID = reqID, notify, ttl, sessionID
+		w.reqID, w.notify, w.sessionID = reqID, notify, sessionID
+		if ttl > 0 { // as lockd does: a retry without a TTL keeps the queued one
+			w.ttl = ttl
+		}
 		w.deadline = now.Add(wait)
 		return nil, "", ""
 	}
@@ -256,7 +259,8 @@ func (c *Cluster) statusLocked(name string) api.LockStatus {
 	if l := c.locks[name]; l != nil {
 		st.Waiters = len(l.queue)
 		if h := l.holder; h != nil {
-			st.Held, st.ClientID, st.SessionID, st.FencingToken, st.ExpiresAt = true, h.clientID, h.sessionID, h.token, fmtTime(h.expires)
+			// No session id: it is a capability, shown only to its owner.
+			st.Held, st.ClientID, st.FencingToken, st.ExpiresAt = true, h.clientID, h.token, fmtTime(h.expires)
 		}
 	}
 	return st

@@ -144,6 +144,11 @@ func (cn *conn) handle(data []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.partitioned {
+		var r struct {
+			Op string `json:"op"`
+		}
+		_ = json.Unmarshal(data, &r)
+		c.lost[r.Op]++
 		return // lost on the way
 	}
 	if c.leader != cn.m.idx {
@@ -154,6 +159,9 @@ func (cn *conn) handle(data []byte) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	reply := func(m api.WSMessage) {
+		if c.dropReplies[req.Op] {
+			return
+		}
 		m.ID = req.ID
 		cn.pushLocked(m)
 	}
@@ -164,6 +172,7 @@ func (cn *conn) handle(data []byte) {
 		fail(api.CodeInvalidArgument, err.Error())
 		return
 	}
+	c.requests[req.Op]++
 	now := time.Now()
 	if req.Op == api.OpHello {
 		if req.SessionID != "" {
