@@ -23,7 +23,10 @@ type acquireOptions struct {
 // WithTTL gives the lock a TTL of its own on top of the session: it is lost
 // when not renewed within d (see WithAutoRenew and Lock.Renew), or when the
 // session ends, whichever is first. Without it the lock lives as long as
-// the session.
+// the session. Either way the lock's lease is what the server granted: an
+// Acquire that adopts an abandoned wait of the same lock (see Acquire) may
+// get the TTL that wait was queued with; a lock wanted without a TTL that
+// the server gave one is then renewed automatically, as WithAutoRenew does.
 func WithTTL(d time.Duration) AcquireOption {
 	return func(o *acquireOptions) { o.ttl = d }
 }
@@ -54,9 +57,14 @@ type acquireOp struct {
 	ctx      context.Context // the caller's: bounds an implicit wait
 	// abandoned: the caller went away; a grant that still comes is released.
 	abandoned bool
-	// refreshed: a late grant was already refreshed once (see
-	// onGrantedLocked); a second late one is taken as it is.
-	refreshed bool
+	// sends counts the requests sent for this wait, over every caller
+	// that adopted it; lastTTL is the last TTL one of them carried (the
+	// server keeps a queued TTL when a resend carries none).
+	sends   int
+	lastTTL time.Duration
+	// confirming: granted; a renew is confirming the lease before the
+	// lock is handed out (see onGrantedLocked).
+	confirming bool
 
 	sess *session // the session it was last sent in
 	conn *wsConn  // the connection it was last sent on
@@ -78,7 +86,12 @@ const waitSlack = time.Second
 // Acquire takes lock name in the client's session. It blocks until the lock
 // is granted, ctx is done, or the wait timeout (WithWaitTimeout) runs out.
 // Several goroutines of one Client acquiring the same name are served one
-// at a time: the server knows the client by its ID, not by goroutine.
+// at a time: the server knows the client by its ID, not by goroutine. A
+// wait whose caller gave up stays queued on the server (no request
+// withdraws one); the next Acquire of the name adopts it, with its own
+// options, and keeps its place. While the client is still releasing a lock
+// of that name in the background (see Lock.Release), Acquire waits for that
+// first, at most Config.CloseTimeout.
 func (c *Client) Acquire(ctx context.Context, name string, opts ...AcquireOption) (*Lock, error) {
 	var o acquireOptions
 	for _, f := range opts {
@@ -114,8 +127,13 @@ func (c *Client) acquire(ctx context.Context, name string, o acquireOptions, try
 			return nil, ErrClosed
 		}
 		var busy <-chan struct{}
+		releasing := false
 		if l := c.locks[name]; l != nil {
 			busy = l.lost
+		} else if c.releasing[name] > 0 {
+			// The server would answer with the grant being released (same
+			// token), and the release would then end it.
+			busy, releasing = c.relCh, true
 		} else if p := c.ops[name]; p != nil && !p.abandoned {
 			busy = p.done
 		} else {
@@ -125,7 +143,7 @@ func (c *Client) acquire(ctx context.Context, name string, o acquireOptions, try
 				op = &acquireOp{name: name, done: make(chan struct{})}
 				c.ops[name] = op
 			}
-			op.acquireOptions, op.try, op.ctx, op.abandoned, op.refreshed = o, try, ctx, false, false
+			op.acquireOptions, op.try, op.ctx, op.abandoned = o, try, ctx, false
 			op.deadline = start.Add(o.wait)
 			frame := c.prepAcquireLocked(op, true)
 			cs := c.cur
@@ -136,7 +154,7 @@ func (c *Client) acquire(ctx context.Context, name string, o acquireOptions, try
 			break
 		}
 		c.mu.Unlock()
-		if try {
+		if try && !releasing {
 			return nil, fmt.Errorf("%w: lock %q: held or awaited by this client", ErrLockHeld, name)
 		}
 		select {
@@ -182,7 +200,8 @@ func (c *Client) abandon(op *acquireOp) {
 	}
 }
 
-// releaseQuietly releases a lock nobody will use, bounded by CloseTimeout.
+// releaseQuietly releases a lock its caller gave up, bounded by
+// CloseTimeout.
 func (c *Client) releaseQuietly(l *Lock) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.CloseTimeout)
 	defer cancel()
@@ -193,10 +212,11 @@ func (c *Client) releaseQuietly(l *Lock) {
 
 // prepAcquireLocked assigns op a new request id and returns its frame for
 // the live connection, or nil when there is none (the next connection will
-// send it) or op was already sent on it and force is false.
+// send it), op was already sent on it and force is false, or op is granted
+// already.
 func (c *Client) prepAcquireLocked(op *acquireOp, force bool) []byte {
 	cs := c.cur
-	if cs == nil || c.sess == nil || c.sess.lost || (op.conn == cs && !force) {
+	if cs == nil || c.sess == nil || c.sess.lost || op.confirming || (op.conn == cs && !force) {
 		return nil
 	}
 	delete(c.opByID, op.reqID)
@@ -204,6 +224,7 @@ func (c *Client) prepAcquireLocked(op *acquireOp, force bool) []byte {
 	c.opByID[op.reqID] = op
 	op.resent = op.resent || (op.conn != nil && op.conn != cs)
 	op.conn, op.sess, op.sentAt = cs, c.sess, time.Now()
+	op.sends++
 
 	var wait time.Duration
 	switch {
@@ -222,6 +243,7 @@ func (c *Client) prepAcquireLocked(op *acquireOp, force bool) []byte {
 	req := api.WSRequest{ID: op.reqID, Op: api.OpAcquire, Lock: op.name, WaitTimeoutMs: &waitMs}
 	if op.ttl > 0 {
 		req.TTLms = ms(op.ttl)
+		op.lastTTL = op.ttl
 	}
 	data, _ := json.Marshal(&req)
 	return data
@@ -241,10 +263,21 @@ func (c *Client) finishLocked(op *acquireOp, l *Lock, err error) {
 	op.lock, op.err = l, err
 	close(op.done)
 	if op.abandoned && l != nil {
-		c.goLocked(func() { c.releaseQuietly(l) })
+		c.releaseLaterLocked(l)
 	}
 }
 
+// onGrantedLocked takes a grant for a pending acquire. The lock's lease is
+// what the server granted, never what the caller asked for: a grant
+// without expires_at has no TTL of its own (the session's lease covers it);
+// one with expires_at has the TTL the server holds, which the client knows
+// only when the grant answers the one request this wait ever sent, with a
+// TTL (the server counts that TTL from the commit, after the send). In
+// every other case — a wait re-sent after a reconnect or adopted by a later
+// Acquire (a resend without ttl_ms keeps the queued TTL), a grant pushed
+// under a later request than the one it answers, a late grant whose lease
+// is mostly spent — a renew with an explicit TTL confirms the lease before
+// the lock is handed out (see confirmLease).
 func (c *Client) onGrantedLocked(cs *wsConn, m *api.WSMessage) []func() {
 	op := c.opByID[m.ID]
 	if op == nil {
@@ -257,19 +290,11 @@ func (c *Client) onGrantedLocked(cs *wsConn, m *api.WSMessage) []func() {
 			return nil // a repeat of a grant we hold
 		}
 		// A grant nobody waits for (its wait was given up): hand it back.
-		l := &Lock{c: c, name: m.Lock, token: m.FencingToken, sess: c.sess, lost: make(chan struct{})}
-		c.goLocked(func() { c.releaseQuietly(l) })
+		c.releaseLaterLocked(&Lock{c: c, name: m.Lock, token: m.FencingToken, sess: cs.sess, lost: make(chan struct{})})
 		return nil
 	}
-	if op.ttl > 0 && time.Since(op.sentAt) > op.ttl/2 && !op.abandoned && !op.refreshed {
-		op.refreshed = true
-		// The lock's own lease is counted from the request's send time, and
-		// this one waited long: re-acquiring (idempotent for the holder)
-		// refreshes the TTL from a recent send time.
-		if f := c.prepAcquireLocked(op, true); f != nil {
-			return []func(){func() { _ = c.write(cs, f) }}
-		}
-		return nil
+	if op.confirming {
+		return nil // a repeat of the grant being confirmed
 	}
 	exp, _ := api.ParseTime(m.ExpiresAt)
 	l := &Lock{
@@ -279,21 +304,71 @@ func (c *Client) onGrantedLocked(cs *wsConn, m *api.WSMessage) []func() {
 		proof:     m.FencingProof,
 		sess:      op.sess,
 		lost:      make(chan struct{}),
-		ttl:       op.ttl,
 		expiresAt: exp,
 	}
-	if op.ttl > 0 {
-		l.deadline = op.sentAt.Add(op.ttl)
+	switch {
+	case exp.IsZero() || op.abandoned:
+		// Bound to the session only; or released at once.
+	case op.sends == 1 && op.ttl > 0 && m.ID == op.reqID && time.Since(op.sentAt) <= op.ttl/2:
+		l.ttl, l.deadline = op.ttl, op.sentAt.Add(op.ttl)
+	default:
+		ttl := op.ttl
+		if ttl == 0 {
+			// Wanted without a TTL, granted with one: keep the TTL the
+			// server most likely holds (renewed automatically).
+			ttl = op.lastTTL
+		}
+		if ttl == 0 {
+			ttl = op.sess.ttl
+		}
+		op.confirming = true
+		delete(c.opByID, op.reqID)
+		c.goLocked(func() { c.confirmLease(op, l, ttl) })
+		return nil
 	}
+	c.grantLocked(op, l)
+	return nil
+}
+
+// confirmLease renews l, just granted to op, with an explicit ttl and
+// hands it out with the lease the answer confirms: from the renew's send
+// time, for ttl. The renew's answer is the reply to that very request, so
+// it says exactly which TTL the server holds and from when.
+func (c *Client) confirmLease(op *acquireOp, l *Lock, ttl time.Duration) {
+	m, sent, err := c.roundTrip(c.ctx, op.sess, &api.WSRequest{Op: api.OpRenew, Lock: l.name, FencingToken: l.token, TTLms: ms(ttl)})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-op.done:
+		return // ended meanwhile: the session was lost, or the client closed
+	default:
+	}
+	switch {
+	case err != nil:
+		c.finishLocked(op, nil, err)
+	case m.Type == api.TypeOK:
+		l.ttl, l.deadline = ttl, sent.Add(ttl)
+		if exp, perr := api.ParseTime(m.ExpiresAt); perr == nil && !exp.IsZero() {
+			l.expiresAt = exp
+		}
+		c.grantLocked(op, l)
+	case m.Type == api.TypeError:
+		c.finishLocked(op, nil, fmt.Errorf("lockd: lock %q was granted (token %d) but lost before its lease was confirmed: %w", l.name, l.token, serverError(m.Error, 0)))
+	default:
+		c.finishLocked(op, nil, fmt.Errorf("lockd: renew: unexpected reply %q", m.Type))
+	}
+}
+
+// grantLocked hands l to op's caller, or releases it if op was abandoned.
+func (c *Client) grantLocked(op *acquireOp, l *Lock) {
 	if !op.abandoned {
 		c.locks[l.name] = l
-		if op.autoRenew && op.ttl > 0 {
+		if l.ttl > 0 && (op.autoRenew || op.ttl == 0) {
 			c.goLocked(func() { c.autoRenew(l) })
 		}
 		c.kickLease()
 	}
 	c.finishLocked(op, l, nil)
-	return nil
 }
 
 func (c *Client) onAcquireErrorLocked(cs *wsConn, op *acquireOp, m *api.WSMessage) []func() {

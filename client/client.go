@@ -39,6 +39,11 @@ type Client struct {
 	locks   map[string]*Lock
 	ops     map[string]*acquireOp // pending acquires by lock name
 	opByID  map[uint64]*acquireOp // the same, by the id of their last request
+	// releasing counts the background releases under way per lock name
+	// (see releaseLaterLocked); relCh is closed (and replaced) when one
+	// ends.
+	releasing map[string]int
+	relCh     chan struct{}
 }
 
 // session is one server session as the client sees it.
@@ -90,6 +95,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		locks:  make(map[string]*Lock),
 		ops:    make(map[string]*acquireOp),
 		opByID: make(map[uint64]*acquireOp),
+
+		releasing: make(map[string]int),
+		relCh:     make(chan struct{}),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	cs, err := c.connect(ctx, true)
@@ -265,11 +273,13 @@ func (c *Client) expireLocked(now time.Time) time.Time {
 }
 
 // leaseEnd is when a lease of ttl whose request was sent at deadline-ttl
-// counts as run out: deadline less the safety margin.
+// counts as run out: deadline less the safety margin (see
+// Config.LeaseMargin): a part for timer lateness, and one that grows with
+// the TTL for the drift of the clock rates.
 func (c *Client) leaseEnd(deadline time.Time, ttl time.Duration) time.Time {
 	m := c.cfg.LeaseMargin
 	if m == 0 {
-		m = min(ttl/20, 100*time.Millisecond)
+		m = min(ttl/20, 100*time.Millisecond) + ttl/1000
 	}
 	if m < 0 {
 		m = 0
@@ -313,13 +323,25 @@ func (c *Client) confirmSession(s *session, sent time.Time, ttlMs int64) {
 	if c.sess != s || s.lost {
 		return
 	}
-	if ttlMs > 0 {
-		s.ttl = time.Duration(ttlMs) * time.Millisecond
-	}
+	s.setTTLLocked(ttlMs)
 	if d := sent.Add(s.ttl); d.After(s.deadline) {
 		s.deadline = d
 		c.kickLease()
 	}
+}
+
+// setTTLLocked takes the session TTL the server reports (0: none
+// reported). A shorter one shortens the lease at once: the server counts
+// it from the last keepalive it received.
+func (s *session) setTTLLocked(ttlMs int64) {
+	ttl := time.Duration(ttlMs) * time.Millisecond
+	if ttl <= 0 || ttl == s.ttl {
+		return
+	}
+	if ttl < s.ttl {
+		s.deadline = s.deadline.Add(ttl - s.ttl)
+	}
+	s.ttl = ttl
 }
 
 // goLocked starts a goroutine owned by the client, unless it is closed.

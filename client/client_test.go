@@ -253,11 +253,13 @@ func TestLocalLeaseBeatsServerExpiry(t *testing.T) {
 	}
 }
 
-// A TTL lock not renewed is lost locally before the server's expiry.
+// A TTL lock not renewed is lost locally before the server's expiry. (A
+// TTL of 1s gives a 50ms margin: a loaded machine has fired the lease
+// timer 35ms late, more than the 15ms of a 300ms TTL.)
 func TestLocalLeaseOfTTLLock(t *testing.T) {
 	f := newFake(t, lockdtest.Options{})
-	c := newClient(t, f, client.Config{})
-	l, err := c.Acquire(t.Context(), "short", client.WithTTL(300*time.Millisecond))
+	c := newClient(t, f, client.Config{SessionTTL: 10 * time.Second})
+	l, err := c.Acquire(t.Context(), "short", client.WithTTL(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

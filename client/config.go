@@ -1,7 +1,9 @@
 package client
 
 import (
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -35,8 +37,13 @@ type Config struct {
 	// with --auth-file. A refused token gives errors matching
 	// ErrUnauthenticated (401) or ErrPermissionDenied (403), never retried.
 	Token string
-	// ClientID identifies this client to lockd (acquire is idempotent per
-	// client ID). Default: "<hostname>:<pid>".
+	// ClientID identifies this client to lockd: acquire is idempotent per
+	// client ID, so two Clients with one ID are one client to the server (the
+	// second's acquire of a lock the first holds is a re-grant of the
+	// first's lock, not a wait). Default: "<hostname>:<pid>:<random>"
+	// (DefaultClientID plus a random suffix), different for every Client,
+	// also for several in one process. Set it only to an ID no other
+	// running Client uses.
 	ClientID string
 	// SessionTTL is the session's TTL: the session (and every lock bound to
 	// it) ends when no keepalive reached the leader for this long.
@@ -59,12 +66,16 @@ type Config struct {
 	CloseTimeout time.Duration
 	// LeaseMargin is how much earlier than "send time + TTL" the client
 	// counts a lease (of the session, or of a lock's TTL) as run out, to
-	// absorb timer lateness and clock-rate drift. Default: a twentieth of
-	// that TTL, at most 100ms. Negative: no margin.
+	// absorb timer lateness and the drift of the client's clock rate against
+	// the leader's. Default: a twentieth of that TTL, at most 100ms, plus a
+	// thousandth of it (twice the 500 ppm an NTP-disciplined clock may be
+	// slewed by): 130ms of a 30s TTL, 3.7s of an hour. Negative: no margin.
 	LeaseMargin time.Duration
 }
 
-// DefaultClientID is "<hostname>:<pid>".
+// DefaultClientID is "<hostname>:<pid>", the same on every call in one
+// process. A Client's default ID adds a random suffix to it (see
+// Config.ClientID), so that Clients of one process never share an ID.
 func DefaultClientID() string {
 	h, err := os.Hostname()
 	if err != nil || h == "" {
@@ -73,9 +84,22 @@ func DefaultClientID() string {
 	return h + ":" + strconv.Itoa(os.Getpid())
 }
 
+// uniqueClientID is DefaultClientID plus ":" and 12 random hex digits, cut
+// to the longest ID lockd accepts (the hostname gives way).
+func uniqueClientID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	suffix := ":" + hex.EncodeToString(b[:])
+	id := DefaultClientID()
+	if len(id)+len(suffix) > api.MaxClientID {
+		id = strings.ToValidUTF8(id[len(id)+len(suffix)-api.MaxClientID:], "")
+	}
+	return id + suffix
+}
+
 func (c Config) withDefaults() Config {
 	if c.ClientID == "" {
-		c.ClientID = DefaultClientID()
+		c.ClientID = uniqueClientID()
 	}
 	if c.SessionTTL == 0 {
 		c.SessionTTL = api.DefaultSessionTTL * time.Millisecond

@@ -192,9 +192,8 @@ func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next s
 		ws.CloseNow()
 		return nil, base, errors.New("session lost during resume")
 	case resume:
-		if m.SessionTTLms > 0 {
-			s.ttl = time.Duration(m.SessionTTLms) * time.Millisecond
-		}
+		s.setTTLLocked(m.SessionTTLms)
+		c.kickLease()
 	default:
 		if m.SessionTTLms > 0 {
 			ttl = time.Duration(m.SessionTTLms) * time.Millisecond
@@ -253,12 +252,15 @@ func helloExchange(ctx context.Context, ws *websocket.Conn, hello *api.WSRequest
 }
 
 // install makes cs the live connection and re-sends the pending acquires
-// on it.
+// on it. On a resumed session it also checks the locks held (see recheck).
 func (c *Client) install(cs *wsConn) {
 	c.mu.Lock()
 	c.cur = cs
 	close(c.connCh)
 	c.connCh = make(chan struct{})
+	if cs.resumed {
+		c.goLocked(func() { c.recheck(cs) })
+	}
 	var frames [][]byte
 	for _, op := range c.ops {
 		if f := c.prepAcquireLocked(op, false); f != nil {
@@ -441,19 +443,25 @@ func (c *Client) waitConn(ctx context.Context, s *session) (*wsConn, error) {
 }
 
 // roundTrip sends req within session s and waits for the reply, again on
-// the next connection if the current one is lost first.
-func (c *Client) roundTrip(ctx context.Context, s *session, req *api.WSRequest) (*api.WSMessage, time.Time, error) {
+// the next connection if the current one is lost first. sent is the send
+// time of the request the reply answers; with an error, that of the first
+// send (zero if nothing was sent): the server may have applied it.
+func (c *Client) roundTrip(ctx context.Context, s *session, req *api.WSRequest) (m *api.WSMessage, sent time.Time, err error) {
+	var first time.Time
 	for {
 		cs, err := c.waitConn(ctx, s)
 		if err != nil {
-			return nil, time.Time{}, err
+			return nil, first, err
 		}
 		m, sent, err := c.exchange(ctx, cs, req)
+		if first.IsZero() {
+			first = sent
+		}
 		if errors.Is(err, errConnLost) {
 			continue
 		}
 		if err != nil {
-			return nil, sent, err
+			return nil, first, err
 		}
 		if m.Type == api.TypeError && m.Error != nil {
 			switch m.Error.Code {

@@ -24,9 +24,27 @@
 // message, so the client's deadline comes first, and Lock.Lost is closed
 // before the server could give the lock to anyone else. A session-bound lock
 // (no TTL of its own) follows the session's deadline; a lock with a TTL
-// follows the earlier of the two. A small margin (Config.LeaseMargin)
-// comes off each deadline for timer lateness. Lost is also closed when the server pushes
-// "lost", answers not_holder, or ends the session.
+// follows the earlier of the two. A margin (Config.LeaseMargin) comes off
+// each deadline for timer lateness and clock-rate drift; it grows with the
+// TTL.
+//
+// The lease is always what the server granted, never what the caller asked
+// for: a grant without expires_at has no TTL of its own, one with expires_at
+// has the server's TTL. When the grant alone cannot tell which TTL the
+// server holds and from when (a wait re-sent after a reconnect, or adopted
+// by a later Acquire — a resend without ttl_ms keeps the TTL the wait was
+// queued with — or a late grant), the client confirms it with a renew
+// carrying an explicit TTL before Acquire returns. A renew without an answer
+// may have been applied: the lease then ends no later than its send time
+// plus its TTL. A Release without an answer may have been applied too: the
+// lock counts as gone (Lost closes, Err matches ErrUnknownOutcome) and the
+// client goes on releasing it in the background.
+//
+// Lost is also closed when the server pushes "lost", answers not_holder, or
+// ends the session. Pushes sent while the client was disconnected are lost
+// with the connection, so after every resume of the session the client reads
+// the status of each lock it holds from the leader and closes Lost of those
+// it no longer holds (and takes an earlier expiry the leader reports).
 //
 // # Errors
 //

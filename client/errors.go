@@ -43,6 +43,11 @@ var (
 	ErrReleased = errors.New("lockd: lock released")
 	// ErrClosed: the Client was closed.
 	ErrClosed = errors.New("lockd: client closed")
+	// ErrUnknownOutcome: a request was sent but no answer came (ctx ended,
+	// the connection broke): the server may or may not have applied it. A
+	// Release that ends so closes Lost with this cause: the lock must be
+	// taken as gone, and the client goes on releasing it in the background.
+	ErrUnknownOutcome = errors.New("lockd: outcome unknown: the request may or may not have taken effect")
 
 	// ErrMaybeGrantedLost comes with ErrLockHeld or ErrWaitTimeout when an
 	// acquire was re-sent after its connection failed: an earlier send may

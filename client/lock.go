@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/lockd/lockd/api"
@@ -27,6 +28,10 @@ type Lock struct {
 	sess  *session
 	lost  chan struct{}
 
+	// renewMu makes the renews of the lock one at a time, so that the
+	// answer that sets the lease is the one of the last renew applied.
+	renewMu sync.Mutex
+
 	// Guarded by c.mu.
 	ttl       time.Duration // 0: bound to the session only
 	expiresAt time.Time
@@ -46,7 +51,8 @@ func (l *Lock) Token() uint64 { return l.token }
 func (l *Lock) Proof() string { return l.proof }
 
 // ExpiresAt returns the expiry the server reported for the lock's TTL (zero
-// for a lock bound only to its session). It is the server's wall clock; the
+// for a lock bound only to its session): in the grant, the last renew's
+// answer, or the check after a resume. It is the server's wall clock; the
 // client itself goes by Deadline.
 func (l *Lock) ExpiresAt() time.Time {
 	l.c.mu.Lock()
@@ -70,12 +76,14 @@ func (l *Lock) Deadline() time.Time {
 
 // Lost returns a channel closed when the lock stops being held: lost (the
 // local lease ran out, the server pushed "lost" or said not_holder, the
-// session ended), released, or the client closed. Err tells which.
+// check after a resume found it gone, the session ended), released (or a
+// release's outcome is unknown), or the client closed. Err tells which.
 func (l *Lock) Lost() <-chan struct{} { return l.lost }
 
 // Err returns nil while the lock is held, then why it is not: an error
 // matching ErrLeaseExpired, ErrLockExpired, ErrNotHolder,
-// ErrSessionExpired, ErrReleased or ErrClosed.
+// ErrSessionExpired, ErrReleased, ErrUnknownOutcome (a Release without an
+// answer) or ErrClosed.
 func (l *Lock) Err() error {
 	l.c.mu.Lock()
 	defer l.c.mu.Unlock()
@@ -107,8 +115,14 @@ func (l *Lock) loseLocked(cause error) {
 // Release releases the lock. It returns nil once the server confirmed, and
 // also for a lock already released. For a lock lost before, it returns the
 // cause of the loss; when the server says the lock is not held any more,
-// an error matching ErrNotHolder. On a ctx error the lock is still held
-// (call Release again, or Close).
+// an error matching ErrNotHolder.
+//
+// When no answer comes (ctx ends, the connection breaks) the server may
+// have released the lock already: the error matches ErrUnknownOutcome (and
+// ctx's error), the lock counts as gone (Lost closes, Err matches
+// ErrUnknownOutcome), and the client goes on releasing it in the
+// background, bounded by Config.CloseTimeout (an Acquire of the same name
+// waits for that). Calling Release again retries at once.
 func (l *Lock) Release(ctx context.Context) error {
 	c := l.c
 	c.mu.Lock()
@@ -117,15 +131,23 @@ func (l *Lock) Release(ctx context.Context) error {
 	if errors.Is(err, ErrReleased) {
 		return nil
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrUnknownOutcome) {
 		return err
 	}
 	m, _, err := c.roundTrip(ctx, l.sess, &api.WSRequest{Op: api.OpRelease, Lock: l.name, FencingToken: l.token})
-	if err != nil {
-		return err
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err != nil {
+		if l.err != nil && !errors.Is(l.err, ErrUnknownOutcome) {
+			return l.err // lost meanwhile (the session ended, the client closed)
+		}
+		uerr := fmt.Errorf("%w: releasing lock %q token %d: %w", ErrUnknownOutcome, l.name, l.token, err)
+		if l.err == nil {
+			l.loseLocked(uerr)
+			c.releaseLaterLocked(l)
+		}
+		return uerr
+	}
 	switch m.Type {
 	case api.TypeOK:
 		l.loseLocked(ErrReleased)
@@ -136,12 +158,52 @@ func (l *Lock) Release(ctx context.Context) error {
 	return fmt.Errorf("lockd: release: unexpected reply %q", m.Type)
 }
 
+// releaseLaterLocked releases l in the background, bounded by
+// CloseTimeout: a grant nobody will use, or a lock whose release had no
+// answer. Until it ends, an Acquire of the same name waits (see acquire):
+// the server would answer it with this very grant (same token), which the
+// release would then end under the new caller.
+func (c *Client) releaseLaterLocked(l *Lock) {
+	if c.closed {
+		return // the session's deletion releases it
+	}
+	c.releasing[l.name]++
+	c.goLocked(func() {
+		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.CloseTimeout)
+		m, _, err := c.roundTrip(ctx, l.sess, &api.WSRequest{Op: api.OpRelease, Lock: l.name, FencingToken: l.token})
+		cancel()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		switch {
+		case err != nil:
+			if c.ctx.Err() == nil {
+				c.log.Info("lockd: releasing in the background", "lock", l.name, "token", l.token, "err", err)
+			}
+		case m.Type == api.TypeOK:
+			l.loseLocked(ErrReleased)
+		case m.Type == api.TypeError && m.Error != nil:
+			// not_holder: it ended by itself, or an unanswered release
+			// went through after all.
+			c.log.Debug("lockd: background release refused", "lock", l.name, "token", l.token, "code", m.Error.Code)
+		}
+		if c.releasing[l.name]--; c.releasing[l.name] <= 0 {
+			delete(c.releasing, l.name)
+		}
+		close(c.relCh)
+		c.relCh = make(chan struct{})
+	})
+}
+
 // Renew extends the lock's TTL to ttl from now (0: the lock's own TTL) and
 // moves its local lease to the renew's send time plus ttl. For a lock
 // bound only to its session, Renew(ctx, 0) sends a session keepalive. When
 // the server says the lock is gone, the lock is lost and the error matches
-// ErrNotHolder.
+// ErrNotHolder. Renews of one lock go one at a time. A renew without an
+// answer may still have been applied: the local lease then ends no later
+// than its send time plus ttl (so a shorter ttl counts at once).
 func (l *Lock) Renew(ctx context.Context, ttl time.Duration) error {
+	l.renewMu.Lock()
+	defer l.renewMu.Unlock()
 	c := l.c
 	c.mu.Lock()
 	err := l.err
@@ -164,11 +226,14 @@ func (l *Lock) Renew(ctx context.Context, ttl time.Duration) error {
 		return l.Err()
 	}
 	m, sent, err := c.roundTrip(ctx, l.sess, &api.WSRequest{Op: api.OpRenew, Lock: l.name, FencingToken: l.token, TTLms: ms(ttl)})
-	if err != nil {
-		return err
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err != nil {
+		if !sent.IsZero() {
+			l.maybeRenewedLocked(sent, ttl)
+		}
+		return err
+	}
 	switch m.Type {
 	case api.TypeOK:
 		if l.err != nil {
@@ -182,9 +247,42 @@ func (l *Lock) Renew(ctx context.Context, ttl time.Duration) error {
 		c.kickLease()
 		return nil
 	case api.TypeError:
+		if m.Error != nil && !refusedUnapplied(m.Error.Code) {
+			l.maybeRenewedLocked(sent, ttl)
+		}
 		return l.refusedLocked(m.Error)
 	}
 	return fmt.Errorf("lockd: renew: unexpected reply %q", m.Type)
+}
+
+// maybeRenewedLocked counts with a renew to ttl, sent at sent, that may or
+// may not have been applied: the server's expiry is then at least sent+ttl
+// or what it was, so the local lease ends at the earlier of the two. A lock
+// bound to its session only may have a TTL now.
+func (l *Lock) maybeRenewedLocked(sent time.Time, ttl time.Duration) {
+	if l.err != nil {
+		return
+	}
+	d := sent.Add(ttl)
+	switch {
+	case l.ttl == 0:
+		l.ttl, l.deadline = ttl, d
+	case d.Before(l.deadline):
+		l.deadline = d
+	default:
+		return
+	}
+	l.c.kickLease()
+}
+
+// refusedUnapplied reports an error code that says the request was refused
+// before it could take effect.
+func refusedUnapplied(code string) bool {
+	switch code {
+	case api.CodeNotHolder, api.CodeInvalidArgument, api.CodeUnauthenticated, api.CodePermissionDenied, api.CodeSessionExpired, api.CodeNotFound:
+		return true
+	}
+	return false
 }
 
 // refusedLocked turns a refused release or renew into its error; a
