@@ -14,6 +14,12 @@
 // membership, leadership transfer and snapshots (an admin permission must
 // have the empty prefix to reach these, since they are not about one lock).
 // A token written "sha256:<hex>" is stored hashed.
+//
+// A token's name is its identity: lockd records it as the owner of the
+// sessions the token creates (only that identity, or an admin, may use a
+// session) and counts the per-token quotas by it. Two entries with the same
+// name are one identity, which is how a token is rotated without losing
+// its sessions; give different tenants different names.
 package auth
 
 import (
@@ -27,6 +33,8 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Access is a permission level.
@@ -125,6 +133,9 @@ func (s *Store) Reload() error {
 		if t.Name == "" {
 			return fmt.Errorf("auth: token %d has no name", i)
 		}
+		if err := validName(t.Name); err != nil {
+			return fmt.Errorf("auth: token %d: %w", i, err)
+		}
 		var h [32]byte
 		if hexed, ok := strings.CutPrefix(t.Token, "sha256:"); ok {
 			raw, err := hex.DecodeString(hexed)
@@ -184,6 +195,29 @@ func (s *Store) Authenticate(bearer string) (Identity, error) {
 	}
 	return Identity{Name: found.name, perms: found.perms}, nil
 }
+
+// MaxName bounds a token's name: it is stored in the replicated state as
+// the owner of sessions, locks and waits.
+const MaxName = 128
+
+func validName(name string) error {
+	if len(name) > MaxName {
+		return fmt.Errorf("name is %d bytes, the limit is %d", len(name), MaxName)
+	}
+	if !utf8.ValidString(name) {
+		return errors.New("name is not valid UTF-8")
+	}
+	for _, r := range name {
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("name %q has a non-printable character", name)
+		}
+	}
+	return nil
+}
+
+// IsAdmin reports whether the identity has admin access to the whole
+// cluster (an admin permission on the empty prefix).
+func (id Identity) IsAdmin() bool { return id.Allows(Admin, "") }
 
 // Allows reports whether the identity has at least access on lock name (a
 // lock name, a list prefix, or "" for cluster-wide operations).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -68,6 +69,8 @@ func TestReloadKeepsRulesOnError(t *testing.T) {
 		`{"tokens": [{"name": "a", "token": "first-token-000001", "permissions": [{"prefix": "", "access": "root"}]}]}`,
 		`{"tokens": [{"token": "first-token-000001"}]}`,
 		`{"tokens": [], "extra": 1}`,
+		`{"tokens": [{"name": "` + strings.Repeat("n", MaxName+1) + `", "token": "first-token-000001"}]}`,
+		`{"tokens": [{"name": "a\u0007b", "token": "first-token-000001"}]}`,
 	} {
 		os.WriteFile(p, []byte(bad), 0o600)
 		if err := s.Reload(); err == nil {
@@ -83,5 +86,40 @@ func TestReloadKeepsRulesOnError(t *testing.T) {
 	}
 	if _, err := s.Check("first-token-000001", Lock, "x"); !errors.Is(err, ErrUnauthenticated) {
 		t.Fatalf("rotated-out token still works: %v", err)
+	}
+}
+
+// TestIdentity: a token's name is its identity (what owns its sessions and
+// what per-token quotas count), at most MaxName printable bytes; IsAdmin is
+// admin access on the empty prefix.
+func TestIdentity(t *testing.T) {
+	long := strings.Repeat("n", MaxName)
+	p := write(t, `{"tokens": [
+	  {"name": "`+long+`", "token": "token-with-long-name", "permissions": [{"prefix": "", "access": "admin"}]},
+	  {"name": "billing", "token": "token-for-billing-1", "permissions": [{"prefix": "billing/", "access": "admin"}]},
+	  {"name": "billing", "token": "token-for-billing-2", "permissions": [{"prefix": "billing/", "access": "lock"}]}
+	]}`)
+	s, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		token, name string
+		admin       bool
+	}{
+		{"token-with-long-name", long, true},
+		{"token-for-billing-1", "billing", false}, // admin on a prefix is not cluster admin
+		{"token-for-billing-2", "billing", false}, // the same name: the same identity
+	} {
+		id, err := s.Authenticate(c.token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id.Name != c.name || id.IsAdmin() != c.admin {
+			t.Errorf("%s: name %q admin %v, want %q %v", c.token, id.Name, id.IsAdmin(), c.name, c.admin)
+		}
+	}
+	if (Identity{}).IsAdmin() {
+		t.Error("the zero identity is admin")
 	}
 }
