@@ -5,7 +5,12 @@
 // duplicate or deposed-leader proposal is harmless.
 //
 // Timers are rebuilt from the replicated state when leadership is gained and
-// dropped when it is lost. Keepalives are not replicated: the leader tracks
+// dropped when it is lost. Between those, they follow the committed log:
+// Observe is fed every entry's events in log order by the apply loop (never
+// by the request that proposed the entry, which may have given up), so a
+// timer is armed for every grant that commits, whoever asked for it. Lock
+// timers are keyed by the grant's fencing token: nothing about an old grant
+// can touch the next one. Keepalives are not replicated: the leader tracks
 // them here, in memory, and every session gets a fresh full TTL from the
 // moment a new leader takes office.
 package leader
@@ -21,15 +26,16 @@ import (
 	"github.com/lockd/lockd/internal/locktable"
 )
 
-// Proposer replicates a command; the server's proposer also feeds the
-// resulting events back through Observe.
+// Proposer replicates a command. Its events reach the timers through
+// Observe, from the apply loop, not from here.
 type Proposer interface {
 	Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error)
 }
 
-// Viewer reads the local replicated state.
+// Viewer reads the local replicated state and the log index it reflects
+// (0 when unknown).
 type Viewer interface {
-	View(fn func(t *locktable.Table))
+	ViewAt(fn func(t *locktable.Table, index uint64))
 }
 
 // ErrNotRunning is returned by Keepalive when this member is not an active
@@ -84,8 +90,8 @@ func (h *itemHeap) Pop() any {
 }
 
 type lockTimer struct {
-	token uint64
-	at    int64
+	lock string
+	at   int64
 }
 
 type waiterKey struct{ lock, client string }
@@ -93,6 +99,10 @@ type waiterKey struct{ lock, client string }
 type sessionTimer struct {
 	ttl      int64
 	deadline int64
+	// expiring: this leader has decided to expire the session (its expiry
+	// is proposed or being retried). Keepalives are refused from then on,
+	// so no client is told its lease grew while its locks are being freed.
+	expiring bool
 }
 
 // Timers is the leader-only timer set. The zero value is unusable; use New.
@@ -102,8 +112,9 @@ type Timers struct {
 
 	mu       sync.Mutex
 	running  bool
+	since    uint64 // Observe skips entries at or below this index: the rebuild saw them
 	h        itemHeap
-	locks    map[string]lockTimer
+	locks    map[uint64]lockTimer // by fencing token
 	waiters  map[waiterKey]int64
 	sessions map[string]*sessionTimer
 	wake     chan struct{}
@@ -144,6 +155,37 @@ func (t *Timers) Start() {
 		return
 	}
 	t.running = true
+	nLocks, nWaiters, nSessions := t.rebuildLocked()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.cancel = cancel
+	jobs := make(chan item, 1024)
+	t.wg.Add(1 + t.cfg.Workers)
+	go t.loop(ctx, jobs)
+	for i := 0; i < t.cfg.Workers; i++ {
+		go t.worker(ctx, jobs)
+	}
+	t.mu.Unlock()
+	t.log.Info("leader timers rebuilt", "locks", nLocks, "waiters", nWaiters, "sessions", nSessions)
+}
+
+// Rebuild re-reads every timer from the replicated state, which was
+// replaced wholesale (a snapshot restore). It does nothing when stopped.
+func (t *Timers) Rebuild() {
+	t.mu.Lock()
+	if !t.running {
+		t.mu.Unlock()
+		return
+	}
+	nLocks, nWaiters, nSessions := t.rebuildLocked()
+	t.wakeLocked()
+	t.mu.Unlock()
+	t.log.Info("leader timers rebuilt after a restore", "locks", nLocks, "waiters", nWaiters, "sessions", nSessions)
+}
+
+// rebuildLocked builds every timer from the state. t.mu is held throughout,
+// so entries applied after the state was read wait in Observe and are
+// taken in afterwards; those at or below its index are skipped.
+func (t *Timers) rebuildLocked() (nLocks, nWaiters, nSessions int) {
 	tookOffice := t.now()
 	grace := t.cfg.Grace.Milliseconds()
 	// Copy what the timers need while holding the state's read lock, and
@@ -153,7 +195,8 @@ func (t *Timers) Start() {
 	var locks []locktable.LockInfo
 	var waiters []locktable.WaiterInfo
 	var sessions []locktable.Session
-	t.cfg.Viewer.View(func(tab *locktable.Table) {
+	t.cfg.Viewer.ViewAt(func(tab *locktable.Table, index uint64) {
+		t.since = index
 		st := tab.Stats()
 		locks = make([]locktable.LockInfo, 0, st.Held)
 		waiters = make([]locktable.WaiterInfo, 0, st.Waiters)
@@ -168,7 +211,7 @@ func (t *Timers) Start() {
 	})
 	// Sized up front: growing maps of a million entries rehashes them
 	// again and again while the new leader is not yet serving.
-	t.locks = make(map[string]lockTimer, len(locks))
+	t.locks = make(map[uint64]lockTimer, len(locks))
 	t.waiters = make(map[waiterKey]int64, len(waiters))
 	t.sessions = make(map[string]*sessionTimer, len(sessions))
 	t.h = make(itemHeap, 0, len(locks)+len(waiters)+len(sessions))
@@ -177,7 +220,7 @@ func (t *Timers) Start() {
 		if at <= tookOffice+grace {
 			at = li.ExpiresAt + grace // never before the replicated expiry, at most one grace after
 		}
-		t.locks[li.Name] = lockTimer{token: li.Token, at: at}
+		t.locks[li.Token] = lockTimer{lock: li.Name, at: at}
 		t.h = append(t.h, item{at: at, kind: kLock, lock: li.Name, token: li.Token})
 	}
 	for _, w := range waiters {
@@ -190,17 +233,7 @@ func (t *Timers) Start() {
 		t.h = append(t.h, item{at: d, kind: kSession, id: s.ID})
 	}
 	heap.Init(&t.h)
-	nLocks, nWaiters, nSessions := len(locks), len(waiters), len(sessions)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.cancel = cancel
-	jobs := make(chan item, 1024)
-	t.wg.Add(1 + t.cfg.Workers)
-	go t.loop(ctx, jobs)
-	for i := 0; i < t.cfg.Workers; i++ {
-		go t.worker(ctx, jobs)
-	}
-	t.mu.Unlock()
-	t.log.Info("leader timers rebuilt", "locks", nLocks, "waiters", nWaiters, "sessions", nSessions)
+	return len(locks), len(waiters), len(sessions)
 }
 
 // Stop drops every timer (leadership lost). It waits for in-flight
@@ -218,30 +251,32 @@ func (t *Timers) Stop() {
 	t.wg.Wait()
 }
 
-// Keepalive pushes a session's deadline a full TTL out. It returns the TTL,
-// or false when the session is unknown to this leader.
-func (t *Timers) Keepalive(id string) (int64, error) {
+// Keepalive pushes a session's deadline a full TTL out from received (when
+// the keepalive arrived). It returns the TTL, or 0 when the session is
+// unknown to this leader or its expiry has already been decided.
+func (t *Timers) Keepalive(id string, received time.Time) (int64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !t.running {
 		return 0, ErrNotRunning
 	}
 	s, ok := t.sessions[id]
-	if !ok {
+	if !ok || s.expiring {
 		return 0, nil
 	}
-	t.setSessionLocked(id, s.ttl, t.now()+s.ttl)
+	t.setSessionLocked(id, s.ttl, received.UnixMilli()+s.ttl)
 	return s.ttl, nil
 }
 
-// Observe updates timers from the events of a committed command.
-func (t *Timers) Observe(events []locktable.Event) {
+// Observe updates timers from the events of the committed entry at index.
+// The apply loop calls it for every entry, in log order.
+func (t *Timers) Observe(index uint64, events []locktable.Event) {
 	if len(events) == 0 {
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if !t.running {
+	if !t.running || (index != 0 && index <= t.since) {
 		return
 	}
 	for _, ev := range events {
@@ -250,17 +285,17 @@ func (t *Timers) Observe(events []locktable.Event) {
 			delete(t.waiters, waiterKey{ev.Lock, ev.ClientID})
 			if ev.ExpiresAt > 0 {
 				t.setLockLocked(ev.Lock, ev.Token, ev.ExpiresAt)
-			} else if lt, ok := t.locks[ev.Lock]; ok && lt.token == ev.Token {
-				delete(t.locks, ev.Lock)
+			} else {
+				delete(t.locks, ev.Token)
 			}
 		case locktable.EvReleased, locktable.EvLost:
-			if lt, ok := t.locks[ev.Lock]; ok && lt.token == ev.Token {
-				delete(t.locks, ev.Lock)
-			}
+			delete(t.locks, ev.Token)
 		case locktable.EvQueued:
 			t.setWaiterLocked(ev.Lock, ev.ClientID, ev.Deadline)
 		case locktable.EvWaitEnded:
-			delete(t.waiters, waiterKey{ev.Lock, ev.ClientID})
+			if d, ok := t.waiters[waiterKey{ev.Lock, ev.ClientID}]; ok && d == ev.Deadline {
+				delete(t.waiters, waiterKey{ev.Lock, ev.ClientID})
+			}
 		case locktable.EvSessionCreated:
 			if _, ok := t.sessions[ev.SessionID]; !ok {
 				t.setSessionLocked(ev.SessionID, ev.TTLms, t.now()+ev.TTLms)
@@ -272,7 +307,7 @@ func (t *Timers) Observe(events []locktable.Event) {
 }
 
 func (t *Timers) setLockLocked(lock string, token uint64, at int64) {
-	t.locks[lock] = lockTimer{token: token, at: at}
+	t.locks[token] = lockTimer{lock: lock, at: at}
 	t.pushLocked(item{at: at, kind: kLock, lock: lock, token: token})
 }
 
@@ -299,6 +334,10 @@ func (t *Timers) setSessionLocked(id string, ttl, deadline int64) {
 
 func (t *Timers) pushLocked(it item) {
 	heap.Push(&t.h, it)
+	t.wakeLocked()
+}
+
+func (t *Timers) wakeLocked() {
 	select {
 	case t.wake <- struct{}{}:
 	default:
@@ -361,8 +400,8 @@ func (t *Timers) loop(ctx context.Context, jobs chan<- item) {
 func (t *Timers) currentLocked(it item, now int64) bool {
 	switch it.kind {
 	case kLock:
-		lt, ok := t.locks[it.lock]
-		return ok && lt.token == it.token && lt.at == it.at
+		lt, ok := t.locks[it.token]
+		return ok && lt.at == it.at
 	case kWaiter:
 		d, ok := t.waiters[waiterKey{it.lock, it.client}]
 		return ok && d == it.at
@@ -408,6 +447,11 @@ func (t *Timers) fire(ctx context.Context, it item) {
 		t.mu.Lock()
 		s, ok := t.sessions[it.id]
 		stillDue := ok && s.deadline <= t.now()
+		if stillDue {
+			// Decided: from here on keepalives are refused, even if this
+			// proposal fails and is retried.
+			s.expiring = true
+		}
 		t.mu.Unlock()
 		if !stillDue {
 			return // a keepalive arrived while the job was queued
@@ -423,29 +467,37 @@ func (t *Timers) fire(ctx context.Context, it item) {
 		t.rearm(it, t.now()+t.cfg.Retry.Milliseconds())
 		return
 	}
-	if len(res.Events) > 0 {
+	if len(res.AllEvents()) > 0 {
 		if it.kind == kSession {
 			t.noteSessionExpiry(it.id)
 		}
-		return // it acted; Observe already updated the timers
+		return // it acted; the apply loop updates the timers from its events
 	}
 	// A no-op: find out from the replicated state whether it is still due.
 	switch it.kind {
 	case kLock:
 		var li locktable.LockInfo
-		t.cfg.Viewer.View(func(tab *locktable.Table) { li = tab.Get(it.lock) })
+		t.cfg.Viewer.ViewAt(func(tab *locktable.Table, _ uint64) { li = tab.Get(it.lock) })
 		if li.Held && li.Token == it.token && li.ExpiresAt > 0 {
 			t.rearm(it, max(li.ExpiresAt, t.now()+t.cfg.Retry.Milliseconds()))
 		} else {
 			t.mu.Lock()
-			if lt, ok := t.locks[it.lock]; ok && lt.token == it.token {
-				delete(t.locks, it.lock)
+			if t.locks != nil {
+				delete(t.locks, it.token)
 			}
 			t.mu.Unlock()
 		}
+	case kSession:
+		// The session was already gone: drop its timer, or keepalives for
+		// it would go on being answered.
+		t.mu.Lock()
+		if t.sessions != nil {
+			delete(t.sessions, it.id)
+		}
+		t.mu.Unlock()
 	case kWaiter:
 		var deadline int64
-		t.cfg.Viewer.View(func(tab *locktable.Table) {
+		t.cfg.Viewer.ViewAt(func(tab *locktable.Table, _ uint64) {
 			for _, w := range tab.Waiters(it.lock) {
 				if w.ClientID == it.client {
 					deadline = w.Deadline
@@ -492,7 +544,7 @@ func (t *Timers) rearm(it item, at int64) {
 	}
 	switch it.kind {
 	case kLock:
-		if lt, ok := t.locks[it.lock]; ok && lt.token == it.token {
+		if _, ok := t.locks[it.token]; ok {
 			t.setLockLocked(it.lock, it.token, at)
 		}
 	case kWaiter:

@@ -1,9 +1,9 @@
 // Package notify carries committed state-machine events from the leader to
 // the clients waiting on them (a blocked HTTP acquire, a WebSocket session).
 //
-// Events enter only after their command committed and was applied on the
-// leader (the proposer publishes them), never from inside Apply, which also
-// runs on followers and on replay.
+// Events enter in log order from the server's apply loop consumer after
+// their entry committed and was applied (on every member; only a leader has
+// subscribers), never from the goroutine of the request that proposed them.
 package notify
 
 import (
@@ -18,6 +18,8 @@ var (
 	ErrLeadershipLost = errors.New("notify: leadership lost")
 	ErrOverflow       = errors.New("notify: subscriber too slow, events dropped")
 	ErrClosed         = errors.New("notify: subscription closed")
+	// ErrResync: the state was replaced (a restore); re-read it.
+	ErrResync = errors.New("notify: state replaced, re-read it")
 )
 
 // subBuffer is how many events a subscriber may lag behind before it is cut

@@ -33,6 +33,15 @@ type proposalResult struct {
 // committed and applied here. ErrNotLeader: nothing was proposed.
 // ErrUnknownOutcome: it may still commit.
 func (n *Node) Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error) {
+	// An entry the state machine cannot decode would panic every member, at
+	// every restart: refuse it here. A batch would nest in the batcher's.
+	err := cmd.Validate()
+	if err == nil && cmd.Op == locktable.OpBatch {
+		err = fmt.Errorf("%w: a batch", locktable.ErrInvalidCommand)
+	}
+	if err != nil {
+		return locktable.Result{}, fmt.Errorf("raftnode: refusing to propose: %w", err)
+	}
 	if n.raft.State() != raft.Leader {
 		return locktable.Result{}, ErrNotLeader
 	}
@@ -73,6 +82,9 @@ func (n *Node) runBatcher() {
 			n.failQueued()
 			return
 		}
+		// A restore holds the gate: nothing new reaches the log until the
+		// restored state is installed.
+		n.gate.RLock()
 		batch := []proposal{first}
 	drain:
 		for len(batch) < maxBatch {
@@ -96,6 +108,7 @@ func (n *Node) runBatcher() {
 		}
 		n.batchSizes.Observe(float64(len(batch)))
 		f := n.raft.Apply(data, 5*time.Second)
+		n.gate.RUnlock()
 		n.wg.Add(1)
 		go func() {
 			defer n.wg.Done()

@@ -19,20 +19,49 @@ type fsm struct {
 	log     *slog.Logger
 	mu      sync.RWMutex
 	table   *locktable.Table
+	index   uint64 // the last entry reflected in table (under mu); 0 after a restore until the next apply
+	effects func(Effect)
 	applied atomic.Uint64
+	// undecodable counts committed entries skipped because they do not
+	// decode; tooOld is the index of the newest one written by a newer
+	// lockd (0: none).
+	undecodable atomic.Uint64
+	tooOld      atomic.Uint64
 	// appliedCh is closed and replaced after every applied entry, so readers
 	// waiting for an index wake without polling.
 	waitMu    sync.Mutex
 	appliedCh chan struct{}
+	// maxSnapshot bounds Restore's read; 0 means MaxSnapshotBytes.
+	maxSnapshot int64
 }
 
-func newFSM(log *slog.Logger) *fsm {
-	return &fsm{log: log, table: locktable.New(), appliedCh: make(chan struct{})}
+// MaxSnapshotBytes bounds the snapshot a member reads whole into memory
+// when it installs one (from its disk at start, or sent by the leader): a
+// bigger one fails with an error rather than exhausting memory. It is far
+// above the state quotas let a table hold; a restore's upload limit
+// (httpapi.Config.MaxRestoreBytes) must stay below it, or an accepted
+// backup could not be installed.
+const MaxSnapshotBytes = 2 << 30
+
+func newFSM(log *slog.Logger, effects func(Effect)) *fsm {
+	if effects == nil {
+		effects = func(Effect) {}
+	}
+	return &fsm{log: log, table: locktable.New(), appliedCh: make(chan struct{}), effects: effects}
 }
 
-// Apply decodes and applies one committed command. A committed entry that
-// does not decode means this binary cannot follow the log; continuing would
-// diverge from the other members, so it panics (as rqlite's FSM does).
+// Apply decodes and applies one committed command.
+//
+// A committed entry that does not decode is skipped, not applied: every
+// member runs the same decoder over the same bytes and skips it alike, so
+// the state stays identical everywhere, and the member keeps running
+// instead of crash-looping on the entry at every restart (which is what a
+// panic did, for every member at once). The API cannot produce such an
+// entry (every command is validated before it is encoded) and peers must
+// prove a member identity to append one; if one still appears — a bug, or
+// a newer lockd's command on an older member — the member logs it, counts
+// it, and — when the entry comes from a newer lockd, whose state this
+// member can no longer track — reports itself not ready (Undecodable).
 func (f *fsm) Apply(l *raft.Log) interface{} {
 	defer f.advance(l.Index)
 	if l.Type != raft.LogCommand {
@@ -40,11 +69,26 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 	}
 	cmd, err := locktable.DecodeCommand(l.Data)
 	if err != nil {
-		panic(fmt.Sprintf("raftnode: undecodable committed entry %d: %v", l.Index, err))
+		f.undecodable.Add(1)
+		if locktable.FromNewerVersion(l.Data) {
+			f.tooOld.Store(l.Index)
+			f.log.Error("skipped a committed entry written by a newer lockd; this member cannot follow the log and reports not ready: upgrade it",
+				"index", l.Index, "bytes", len(l.Data), "err", err)
+		} else {
+			f.log.Error("skipped an undecodable committed entry (every member skips it alike)",
+				"index", l.Index, "bytes", len(l.Data), "err", err)
+		}
+		return locktable.Result{Code: locktable.CodeInvalid}
 	}
 	f.mu.Lock()
 	res := f.table.Apply(cmd)
+	f.index = l.Index
 	f.mu.Unlock()
+	// Every member hands the committed events on, in log order, whoever
+	// proposed the entry and whether or not that proposer still waits.
+	if ev := res.AllEvents(); len(ev) > 0 {
+		f.effects(Effect{Index: l.Index, Events: ev})
+	}
 	return res
 }
 
@@ -85,7 +129,14 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 // Restore replaces the table with a snapshot's.
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	b, err := io.ReadAll(rc)
+	limit := f.maxSnapshot
+	if limit == 0 {
+		limit = MaxSnapshotBytes
+	}
+	b, err := io.ReadAll(io.LimitReader(rc, limit+1))
+	if err == nil && int64(len(b)) > limit {
+		err = fmt.Errorf("snapshot over the limit of %d bytes (raftnode.MaxSnapshotBytes)", limit)
+	}
 	if err != nil {
 		return fmt.Errorf("raftnode: read snapshot: %w", err)
 	}
@@ -95,7 +146,9 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	f.table = t
+	f.index = 0
 	f.mu.Unlock()
+	f.effects(Effect{Restored: true})
 	st := t.Stats()
 	f.log.Info("snapshot restored", "bytes", len(b), "locks", st.Locks, "sessions", st.Sessions, "last_token", st.LastToken)
 	return nil
@@ -122,3 +175,13 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 }
 
 func (s *snapshot) Release() {}
+
+// Effect is what one committed entry sets in motion, handed on by the apply
+// loop in log order on every member: the state machine's events, or the
+// news that a snapshot replaced the whole state (Restored: consumers re-read
+// the state instead of following events).
+type Effect struct {
+	Index    uint64
+	Events   []locktable.Event
+	Restored bool
+}

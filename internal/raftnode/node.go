@@ -80,6 +80,11 @@ type Config struct {
 	// BatchSizes observes how many commands each log entry carries.
 	BatchSizes Observer
 
+	// Effects receives what every committed entry sets in motion, in log
+	// order, on the goroutine that applies the log. It must not block: it
+	// hands the effect on (the server queues it for its consumers).
+	Effects func(Effect)
+
 	Logger       *slog.Logger
 	RaftLogLevel string // hclog level for hashicorp/raft's own messages
 	RaftLogJSON  bool
@@ -147,6 +152,10 @@ type Node struct {
 	hadState bool
 
 	proposals  chan proposal
+	// gate is held for reading by the batcher while it hands a batch to
+	// Raft, and for writing by a restore, which so stops every new entry.
+	gate       sync.RWMutex
+	confirm    confirmer
 	batchSizes Observer
 	done       chan struct{}
 	wg         sync.WaitGroup
@@ -162,7 +171,7 @@ func New(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("raftnode: data dir: %w", err)
 	}
-	n := &Node{cfg: cfg, fsm: newFSM(cfg.Logger), log: cfg.Logger,
+	n := &Node{cfg: cfg, fsm: newFSM(cfg.Logger, cfg.Effects), log: cfg.Logger,
 		notifyCh: make(chan bool, 64), changed: make(chan struct{}, 1), done: make(chan struct{}),
 		proposals: make(chan proposal, 4096), batchSizes: cfg.BatchSizes}
 	if n.batchSizes == nil {
@@ -390,6 +399,13 @@ func (n *Node) CommitIndex() uint64 { return n.raft.CommitIndex() }
 // few commands).
 func (n *Node) AppliedIndex() uint64 { return n.raft.AppliedIndex() }
 
+// Undecodable reports how many committed entries this member skipped
+// because it could not decode them, and the index of the newest one that a
+// newer lockd wrote (0: none; such a member cannot follow the log).
+func (n *Node) Undecodable() (count, tooOldAt uint64) {
+	return n.fsm.undecodable.Load(), n.fsm.tooOld.Load()
+}
+
 // Stats returns hashicorp/raft's own counters.
 func (n *Node) Stats() map[string]string { return n.raft.Stats() }
 
@@ -399,6 +415,15 @@ func (n *Node) View(fn func(t *locktable.Table)) {
 	n.fsm.mu.RLock()
 	defer n.fsm.mu.RUnlock()
 	fn(n.fsm.table)
+}
+
+// ViewAt is View that also names the last log index the table reflects (0
+// when unknown: right after a snapshot was installed). Effects of entries
+// at or below it are already in what fn sees.
+func (n *Node) ViewAt(fn func(t *locktable.Table, index uint64)) {
+	n.fsm.mu.RLock()
+	defer n.fsm.mu.RUnlock()
+	fn(n.fsm.table, n.fsm.index)
 }
 
 func mapApplyErr(err error) error {
@@ -619,12 +644,30 @@ func (n *Node) TransferLeadership(to string) error {
 	return f.Error()
 }
 
-// RestoreSnapshot replaces the whole replicated state with an encoded lock
-// table (a backup). It runs on the leader, keeps the current Raft
-// configuration, and reaches the followers as an installed snapshot.
-func (n *Node) RestoreSnapshot(data []byte) error {
+// RestoreSnapshot replaces the whole replicated state with what build
+// makes of the current one (a backup adapted to it). It runs on the leader,
+// keeps the current Raft configuration, and reaches the followers as an
+// installed snapshot.
+//
+// No entry is proposed from the moment build reads the current state until
+// the restore is installed: the batcher is stopped and a barrier applies
+// everything already handed to Raft first. So build sees every fencing
+// token ever acknowledged, and nothing issued meanwhile can be forgotten by
+// the restore (SPEC semantics 13). Proposals queue meanwhile.
+func (n *Node) RestoreSnapshot(ctx context.Context, build func(current *locktable.Table) ([]byte, error)) error {
 	if n.raft.State() != raft.Leader {
 		return ErrNotLeader
+	}
+	n.gate.Lock()
+	defer n.gate.Unlock()
+	if err := n.Barrier(ctx); err != nil {
+		return err
+	}
+	var data []byte
+	var err error
+	n.View(func(t *locktable.Table) { data, err = build(t) })
+	if err != nil {
+		return err
 	}
 	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Size: int64(len(data))}
 	if err := n.raft.Restore(meta, bytes.NewReader(data), 60*time.Second); err != nil {
