@@ -151,7 +151,7 @@ type Node struct {
 	changed  chan struct{} // coalesced leadership-change signal
 	hadState bool
 
-	proposals  chan proposal
+	proposals chan proposal
 	// gate is held for reading by the batcher while it hands a batch to
 	// Raft, and for writing by a restore, which so stops every new entry.
 	gate       sync.RWMutex
