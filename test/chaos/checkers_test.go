@@ -11,7 +11,8 @@ import (
 	"github.com/anishathalye/porcupine"
 )
 
-// Violation is one broken safety property, with the ops that show it.
+// Violation is one broken property (safety, or liveness: see
+// livenessCheckers), with the ops that show it.
 type Violation struct {
 	Checker string `json:"checker"`
 	Msg     string `json:"msg"`
@@ -35,13 +36,21 @@ type Report struct {
 	DurableChecked int
 	FenceAccepted  int
 	FenceRefused   int
-	LinPartitions  int
-	LinOps         int
-	LinResult      porcupine.CheckResult
-	LinTime        time.Duration
-	LinInfo        porcupine.LinearizationInfo
-	linModel       porcupine.Model
-	linVisual      bool
+	// Liveness and the promises beyond one request.
+	ExpiryChecked    int // observations of held locks checked against expires_at + grace
+	ExpiryPast       int // of them, made after the lock's expires_at
+	WaitsChecked     int // waits that ended untold or unanswered, checked for a visible grant
+	LostChecked      int // Go-client grants whose Lost() time was compared with the next grant
+	RestoresChecked  int // forced restores with grants on both sides
+	KeepalivesPaused int // keepalives sent to a paused leader
+	MemberAdds       int // member additions no member may accept
+	LinPartitions    int
+	LinOps           int
+	LinResult        porcupine.CheckResult
+	LinTime          time.Duration
+	LinInfo          porcupine.LinearizationInfo
+	linModel         porcupine.Model
+	linVisual        bool
 }
 
 // CheckOptions tune the checkers.
@@ -223,16 +232,57 @@ func Check(h History, opts CheckOptions) *Report {
 	r := &Report{}
 	v := &violations{}
 	gs := grants(h, v)
-	checkMutualExclusion(h, gs, r, v)
+	// A forced restore rolls the lock table back by design: the checkers
+	// that assume state only moves forward do not read the restore
+	// phase's ops. Tokens never go back, restore or not.
+	fwd := withoutRollback(h)
+	fgs := grants(fwd, &violations{})
+	checkMutualExclusion(fwd, fgs, r, v)
 	checkTokenOrder(gs, r, v)
-	checkFIFO(h, r, v)
-	checkReleases(h, r, v)
-	checkDurability(h, gs, r, v)
+	checkFIFO(fwd, r, v)
+	checkReleases(fwd, r, v)
+	checkDurability(fwd, fgs, r, v)
 	checkFence(h, r, v)
 	checkReplies(h, v)
-	checkLinearizable(h, opts, r, v)
+	checkLinearizable(fwd, opts, r, v)
+	checkExpiry(h, r, v)
+	checkWaiterTold(h, r, v)
+	checkLostLate(h, gs, r, v)
+	checkTokenReissue(h, gs, r, v)
+	checkKeepalives(h, r, v)
+	checkMembers(h, r, v)
 	r.Violations, r.Counts = v.list, v.count
 	return r
+}
+
+// TagRestore marks the ops of the restore phase (see restorePhase).
+const TagRestore = "restore"
+
+// withoutRollback is h without the restore phase's ops. Op ids stay those
+// of h.
+func withoutRollback(h History) History {
+	out := h
+	out.Ops = make([]Op, 0, len(h.Ops))
+	for _, op := range h.Ops {
+		if op.Tag != TagRestore {
+			out.Ops = append(out.Ops, op)
+		}
+	}
+	return out
+}
+
+// split returns the violation counts of the safety checkers and of the
+// liveness checkers apart.
+func (r *Report) split() (safety, liveness map[string]int) {
+	safety, liveness = map[string]int{}, map[string]int{}
+	for k, n := range r.Counts {
+		if livenessCheckers[k] {
+			liveness[k] = n
+		} else {
+			safety[k] = n
+		}
+	}
+	return safety, liveness
 }
 
 // checkMutualExclusion: no two grants of one lock have overlapping safe
@@ -573,6 +623,9 @@ func checkFence(h History, r *Report, v *violations) {
 // the SPEC).
 func checkReplies(h History, v *violations) {
 	for _, op := range h.Ops {
+		if op.Kind == KindMemberAdd {
+			continue // a request built to be refused: checkMembers
+		}
 		if op.Code == "unexpected" || op.Code == "invalid_argument" || op.Code == "internal" {
 			v.add("reply", []int{op.ID}, "unexpected reply: %s", op)
 		}

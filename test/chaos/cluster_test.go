@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -214,6 +215,35 @@ func (c *Cluster) detach(i int) (*exec.Cmd, chan struct{}) {
 	return cmd, exited
 }
 
+// exit is a member process that ended without the harness stopping it.
+type exit struct{ id, why string }
+
+// Exited returns the members whose process ended without the harness
+// stopping it, and takes them out of the cluster's hands: a member slot
+// with no process is restarted by the nemesis's reviveAll.
+func (c *Cluster) Exited() []exit {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []exit
+	for _, s := range c.slots {
+		if s.cmd == nil {
+			continue
+		}
+		select {
+		case <-s.exited:
+		default:
+			continue
+		}
+		why := "exited"
+		if ps := s.cmd.ProcessState; ps != nil {
+			why = ps.String()
+		}
+		out = append(out, exit{id: s.id, why: fmt.Sprintf("%s (log: %s)", why, filepath.Base(s.logPath))})
+		s.cmd, s.paused = nil, false
+	}
+	return out
+}
+
 // Kill sends SIGKILL to slot i and waits until it is gone.
 func (c *Cluster) Kill(i int) {
 	cmd, exited := c.detach(i)
@@ -310,6 +340,18 @@ func (c *Cluster) ID(i int) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.slots[i].id
+}
+
+// idAt returns the id of the member serving HTTP at host:port, or host.
+func (c *Cluster) idAt(host string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range c.slots {
+		if s.httpAddr == host {
+			return s.id
+		}
+	}
+	return host
 }
 
 func (c *Cluster) slotOf(id string) int {
@@ -615,6 +657,60 @@ func (c *Cluster) RemoveMember(ctx context.Context, i int, d time.Duration) erro
 	c.mu.Unlock()
 	c.Kill(i)
 	return os.RemoveAll(c.slots[i].dir)
+}
+
+// panicRE finds a panic in a member log: one net/http recovered while
+// serving a request (logged as one line, the stack escaped), or one that
+// killed the process (Go's own "panic:" / "fatal error:" on stderr).
+var (
+	panicRE = regexp.MustCompile(`(?:panic serving [^ ]+: |^panic: |^fatal error: )(.*?)(?:\\n|$)`)
+	frameRE = regexp.MustCompile(`github\.com/lockd/lockd/[\w/-]+\.(?:\(\*?\w+\)\.)?\w+`)
+)
+
+// Panics scans every member log for panics and returns one line per kind
+// (the panic's message and the first lockd function on its stack) with
+// how often it happened.
+func (c *Cluster) Panics() []string {
+	var out []string
+	for _, s := range c.slots {
+		b, err := os.ReadFile(s.logPath)
+		if err != nil {
+			continue
+		}
+		count := map[string]int{}
+		var order []string
+		lines := strings.Split(string(b), "\n")
+		for i, line := range lines {
+			m := panicRE.FindStringSubmatch(line)
+			if m == nil {
+				continue
+			}
+			where := ""
+			stack := line // recovered: the stack is escaped in the line, from the panic( frame on
+			if at := strings.Index(line, "panic("); at >= 0 {
+				stack = line[at:]
+			}
+			if strings.HasPrefix(line, "panic: ") || strings.HasPrefix(line, "fatal error: ") {
+				end := i + 1 // fatal: the stack follows, up to the next log line
+				for end < len(lines) && end < i+200 && !strings.HasPrefix(lines[end], "time=") && !strings.HasPrefix(lines[end], "=== ") {
+					end++
+				}
+				stack = strings.Join(lines[i:end], "\n")
+			}
+			if f := frameRE.FindString(stack); f != "" {
+				where = " in " + strings.TrimPrefix(f, "github.com/lockd/lockd/")
+			}
+			key := fmt.Sprintf("%s: %s%s", filepath.Base(s.logPath), m[1], where)
+			if count[key] == 0 {
+				order = append(order, key)
+			}
+			count[key]++
+		}
+		for _, k := range order {
+			out = append(out, fmt.Sprintf("%s (%d times)", k, count[k]))
+		}
+	}
+	return out
 }
 
 // CopyLogs copies every member log to dir.

@@ -6,7 +6,9 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,13 +17,15 @@ import (
 )
 
 // fakeLockServer speaks the lock part of lockd's HTTP API from one
-// in-memory table: TTLs, FIFO waiters, idempotent acquire and release. With
-// doubleGrant > 0 it has the bug a lock service must never have: that
-// fraction of acquires of a held lock is granted anyway. It lets the tests
-// show that the same workload and checkers that pass lockd flag a server
-// that breaks mutual exclusion.
+// in-memory table: TTLs, FIFO waiters, idempotent acquire and release, the
+// lock list. With doubleGrant > 0 it has the bug a lock service must never
+// have: that fraction of acquires of a held lock is granted anyway. Its
+// liveness bugs (fakeBugs) are the ones the chaos runs look for. It lets
+// the tests show that the same workload and checkers that pass lockd flag
+// a server with those bugs.
 type fakeLockServer struct {
 	doubleGrant float64
+	bugs        fakeBugs
 
 	mu       sync.Mutex
 	rng      *rand.Rand
@@ -32,11 +36,28 @@ type fakeLockServer struct {
 	done     chan struct{}
 }
 
+// fakeBugs are liveness bugs the fake can have.
+type fakeBugs struct {
+	// loseTimer: an acquire or renew whose client gave up before the
+	// reply (mid-commit) leaves the grant without an expiry timer — the
+	// lock's expires_at passes and it stays held.
+	loseTimer bool
+	// untold is the fraction of hand-offs to a waiter whose grant is
+	// made but never sent to the waiting request.
+	untold float64
+}
+
+// fakeCommit is how long the fake takes to "commit" a grant or renew
+// before it answers, so a client timeout of a few milliseconds can end a
+// request mid-commit.
+const fakeCommit = 8 * time.Millisecond
+
 type fakeLock struct {
 	holder  string
 	token   uint64
 	ttl     time.Duration
 	expires time.Time
+	noTimer bool // the bug: nothing will expire this grant
 	waiters []*fakeWaiter
 }
 
@@ -82,7 +103,7 @@ func (f *fakeLockServer) sweep() {
 				kept = append(kept, w)
 			}
 			l.waiters = kept
-			if l.holder != "" && !now.Before(l.expires) {
+			if l.holder != "" && !l.noTimer && !now.Before(l.expires) {
 				l.holder = ""
 				f.handOffLocked(l, now)
 			}
@@ -96,7 +117,7 @@ func (f *fakeLockServer) sweep() {
 
 func (f *fakeLockServer) grantLocked(l *fakeLock, client string, ttl time.Duration, now time.Time) uint64 {
 	f.last++
-	l.holder, l.token, l.ttl, l.expires = client, f.last, ttl, now.Add(ttl)
+	l.holder, l.token, l.ttl, l.expires, l.noTimer = client, f.last, ttl, now.Add(ttl), false
 	return l.token
 }
 
@@ -108,7 +129,11 @@ func (f *fakeLockServer) handOffLocked(l *fakeLock, now time.Time) {
 			w.result <- 0
 			continue
 		}
-		w.result <- f.grantLocked(l, w.client, w.ttl, now)
+		tok := f.grantLocked(l, w.client, w.ttl, now)
+		if f.rng.Float64() < f.bugs.untold {
+			continue // granted, and the waiting request is never told
+		}
+		w.result <- tok
 	}
 }
 
@@ -118,6 +143,7 @@ func (f *fakeLockServer) Handler() http.Handler {
 	mux.HandleFunc("POST /api/v1/locks/{name}/release", f.release)
 	mux.HandleFunc("POST /api/v1/locks/{name}/renew", f.renew)
 	mux.HandleFunc("GET /api/v1/locks/{name}", f.get)
+	mux.HandleFunc("GET /api/v1/locks", f.list)
 	return mux
 }
 
@@ -164,12 +190,14 @@ func (f *fakeLockServer) acquire(w http.ResponseWriter, r *http.Request) {
 		l.expires = now.Add(ttl)
 		tok, exp := l.token, l.expires
 		f.mu.Unlock()
+		f.commit(r, name, tok)
 		grant(tok, exp)
 		return
 	case l.holder == "" || f.rng.Float64() < f.doubleGrant:
 		tok := f.grantLocked(l, req.ClientID, ttl, now)
 		exp := l.expires
 		f.mu.Unlock()
+		f.commit(r, name, tok)
 		grant(tok, exp)
 		return
 	case wait == 0:
@@ -204,6 +232,21 @@ func (f *fakeLockServer) acquire(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// commit waits while the change to grant tok "commits". With the
+// loseTimer bug, a client that gave up meanwhile leaves the grant without
+// an expiry.
+func (f *fakeLockServer) commit(r *http.Request, name string, tok uint64) {
+	time.Sleep(fakeCommit)
+	if !f.bugs.loseTimer || r.Context().Err() == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l, ok := f.locks[name]; ok && l.token == tok {
+		l.noTimer = true
+	}
+}
+
 func (f *fakeLockServer) release(w http.ResponseWriter, r *http.Request) {
 	var req api.ReleaseRequest
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
@@ -234,10 +277,11 @@ func (f *fakeLockServer) renew(w http.ResponseWriter, r *http.Request) {
 		fakeError(w, api.CodeInvalidArgument)
 		return
 	}
+	name := r.PathValue("name")
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	l := f.lock(r.PathValue("name"))
+	l := f.lock(name)
 	if l.holder != req.ClientID || l.token != req.FencingToken {
+		f.mu.Unlock()
 		fakeError(w, api.CodeNotHolder)
 		return
 	}
@@ -245,7 +289,10 @@ func (f *fakeLockServer) renew(w http.ResponseWriter, r *http.Request) {
 		l.ttl = time.Duration(*req.TTLms) * time.Millisecond
 	}
 	l.expires = time.Now().Add(l.ttl)
-	writeFake(w, 200, api.RenewReply{Renewed: true, ExpiresAt: api.FormatTime(l.expires.UnixMilli())})
+	exp := l.expires
+	f.mu.Unlock()
+	f.commit(r, name, req.FencingToken)
+	writeFake(w, 200, api.RenewReply{Renewed: true, ExpiresAt: api.FormatTime(exp.UnixMilli())})
 }
 
 func (f *fakeLockServer) get(w http.ResponseWriter, r *http.Request) {
@@ -262,16 +309,50 @@ func (f *fakeLockServer) get(w http.ResponseWriter, r *http.Request) {
 	writeFake(w, 200, st)
 }
 
-// runAgainstFake runs the HTTP workload against a fake server for d and
-// checks the history.
+func (f *fakeLockServer) list(w http.ResponseWriter, r *http.Request) {
+	prefix := r.URL.Query().Get("prefix")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	names := make([]string, 0, len(f.locks))
+	for name, l := range f.locks {
+		if strings.HasPrefix(name, prefix) && (l.holder != "" || len(l.waiters) > 0) {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	out := api.LockList{Locks: []api.LockStatus{}}
+	for _, name := range names {
+		l := f.locks[name]
+		st := api.LockStatus{Lock: name, Waiters: len(l.waiters)}
+		if l.holder != "" {
+			st.Held, st.ClientID, st.FencingToken, st.ExpiresAt = true, l.holder, l.token, api.FormatTime(l.expires.UnixMilli())
+		}
+		out.Locks = append(out.Locks, st)
+	}
+	writeFake(w, 200, out)
+}
+
+// fakeWorkload is the workload the fake server can serve: raw HTTP only.
+func fakeWorkload(url string, seed uint64) WorkloadOptions {
+	return WorkloadOptions{Endpoints: []string{url}, Seed: seed, HTTPWorkers: 4, Readers: 2,
+		FIFO: true, Keeper: true, Hasty: 1, Scenarios: true, Probe: true, Epoch: 2 * time.Second, LocksPerEpoch: 2}
+}
+
+// runAgainstFake runs the HTTP workload against a fake server for d,
+// reads every lock once more after its expiry, and checks the history.
 func runAgainstFake(t *testing.T, srv *httptest.Server, seed uint64, d time.Duration) (*Report, History) {
 	t.Helper()
+	return runWorkloadAgainstFake(t, fakeWorkload(srv.URL, seed), d)
+}
+
+func runWorkloadAgainstFake(t *testing.T, opts WorkloadOptions, d time.Duration) (*Report, History) {
+	t.Helper()
 	rec := NewRecorder()
-	w := NewWorkload(rec, WorkloadOptions{Endpoints: []string{srv.URL}, Seed: seed, HTTPWorkers: 4, Readers: 2,
-		FIFO: true, Keeper: true, Epoch: 2 * time.Second, LocksPerEpoch: 2})
+	w := NewWorkload(rec, opts)
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	w.Run(ctx)
+	w.settle(context.Background(), "", "", 5*time.Second)
 	h := rec.History()
 	return Check(h, CheckOptions{LinTimeout: time.Minute}), h
 }
@@ -317,4 +398,47 @@ func TestFakeDoubleGrantIsCaught(t *testing.T) {
 		}
 	}
 	t.Fatal("a server that double-grants was not flagged within a minute")
+}
+
+// runFakeUntil runs rounds of the workload against a fake server with the
+// given bugs until a round's history is flagged by checker, or a minute
+// passes.
+func runFakeUntil(t *testing.T, bugs fakeBugs, checker string) {
+	t.Helper()
+	fake := newFakeLockServer(0, 3)
+	fake.bugs = bugs
+	srv := httptest.NewServer(fake.Handler())
+	defer fake.Close()
+	defer srv.Close()
+	start := time.Now()
+	for round := uint64(1); time.Since(start) < time.Minute; round++ {
+		opts := fakeWorkload(srv.URL, round)
+		opts.Hasty = 3
+		rep, h := runWorkloadAgainstFake(t, opts, 6*time.Second)
+		for _, v := range rep.Violations {
+			if v.Checker == checker {
+				t.Logf("caught after %s: [%s] %s", time.Since(start).Round(time.Millisecond), v.Checker, v.Msg)
+				for _, id := range v.Ops {
+					t.Logf("    %s", h.Ops[id])
+				}
+				return
+			}
+		}
+	}
+	t.Fatalf("a server with %+v was not flagged by %q within a minute", bugs, checker)
+}
+
+// TestFakeLostTimerIsCaught: a server that leaves a grant without an
+// expiry when the request that made or renewed it was given up mid-commit
+// (its lock stays held past expires_at forever) is flagged by the expiry
+// checker.
+func TestFakeLostTimerIsCaught(t *testing.T) {
+	runFakeUntil(t, fakeBugs{loseTimer: true}, "expiry")
+}
+
+// TestFakeUntoldGrantIsCaught: a server that hands a lock to a waiter and,
+// one time in three, never answers the waiting request is flagged by the
+// waiter-told checker.
+func TestFakeUntoldGrantIsCaught(t *testing.T) {
+	runFakeUntil(t, fakeBugs{untold: 0.3}, "waiter-told")
 }

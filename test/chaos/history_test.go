@@ -20,6 +20,23 @@ const (
 	KindRenew   OpKind = "renew"
 	KindRead    OpKind = "read"  // linearizable GET /api/v1/locks/{name}
 	KindFence   OpKind = "fence" // PUT to fencestore with the holder's token
+	// KindKeepalive is a session keepalive sent to one member on purpose
+	// (Node), redirects not followed: one sent to a paused leader.
+	KindKeepalive OpKind = "keepalive"
+	// KindLost is the Go client telling its holder that a lock is gone:
+	// Lock.Lost() closed (Return), after the holder stopped relying on it
+	// (Invoke: the same moment, or when the holder began closing the
+	// client). Token names the grant, Err the client's reason.
+	KindLost OpKind = "lost"
+	// KindMemberAdd is POST /api/v1/cluster/members with a body no member
+	// may accept (Node: the member it was sent to).
+	KindMemberAdd OpKind = "member-add"
+	// KindMemberExit records a member process that exited without the
+	// harness stopping it (Node), found at Invoke.
+	KindMemberExit OpKind = "member-exit"
+	// KindMemberPanic records panics found in a member's log after the run
+	// (Node: the log, Err: the panic and where, and how often).
+	KindMemberPanic OpKind = "member-panic"
 )
 
 // Outcome is what the client learned.
@@ -59,12 +76,22 @@ type Op struct {
 	Code    string  `json:"code,omitempty"` // error code of a definite refusal
 	Status  int     `json:"status,omitempty"`
 	Err     string  `json:"err,omitempty"`
+	// GaveUp: the client stopped waiting for the reply on its own timeout,
+	// the connection still open (not a reset, a refusal or the run's end).
+	GaveUp bool `json:"gave_up,omitempty"`
 
 	// Output.
 	OutToken uint64 `json:"out_token,omitempty"` // acquire/read: the grant's token; fence 409: highest
 	Holder   string `json:"holder,omitempty"`    // read: holder; lock_held: who holds it
 	Held     bool   `json:"held,omitempty"`      // read
 	Waiters  int    `json:"waiters,omitempty"`   // read
+	// ExpiresAt is the server's expires_at of the grant (acquire and renew
+	// replies, reads of a held lock) in history time, converted from the
+	// leader's wall clock (one machine). 0: none reported.
+	ExpiresAt int64 `json:"expires_at,omitempty"`
+	// Node is the member a request was sent to on purpose (keepalives to a
+	// paused leader, member additions, member exits).
+	Node string `json:"node,omitempty"`
 	// ExpiryLB is, for an acquire or renew that (maybe) took effect, the
 	// earliest moment the server may end the grant on its own (TTL,
 	// session): Invoke + TTL less a clock margin, or earlier for grants the
@@ -101,6 +128,12 @@ func (o Op) String() string {
 	case o.OutToken != 0:
 		s += fmt.Sprintf(" token %d", o.OutToken)
 	}
+	if o.ExpiresAt != 0 {
+		s += " expires_at " + ms(o.ExpiresAt)
+	}
+	if o.Node != "" {
+		s += " on " + o.Node
+	}
 	if o.Holder != "" && o.Kind != KindRead {
 		s += " holder " + o.Holder
 	}
@@ -126,9 +159,22 @@ type Fault struct {
 	// Failover is, for faults that take the leader away, the time from
 	// injection to the first write a member answered again (ns); 0 if not
 	// measured.
-	Failover int64  `json:"failover,omitempty"`
-	Err      string `json:"err,omitempty"`
+	Failover int64 `json:"failover,omitempty"`
+	// FailoverBy is the member that answered that write: the leader then.
+	FailoverBy string `json:"failover_by,omitempty"`
+	Err        string `json:"err,omitempty"`
+	// Healed is when the harness undid the fault (SIGCONT, links healed,
+	// members restarted); Healthy when the cluster was seen healthy again
+	// afterwards (0: it was not).
+	Healed  int64 `json:"healed,omitempty"`
+	Healthy int64 `json:"healthy,omitempty"`
+	// Stuck: the cluster did not become healthy after the fault.
+	Stuck bool `json:"stuck,omitempty"`
 }
+
+// settled is the end of the fault's disturbance: when the cluster was
+// healthy again, or the latest time known for it.
+func (f Fault) settled() int64 { return max(f.Healthy, f.End, f.Healed) }
 
 // History is everything a run recorded; it is what the checkers read and
 // what a failed run writes to disk for replay (TestReplay).
@@ -137,8 +183,11 @@ type History struct {
 	Members  int       `json:"members"`
 	Started  time.Time `json:"started"` // wall time of the monotonic base
 	Duration string    `json:"duration"`
-	Ops      []Op      `json:"ops"`
-	Faults   []Fault   `json:"faults"`
+	// ElectionTimeoutMs is the members' --election-timeout: the grace a new
+	// leader may give a lock past its expires_at (0: lockd's default).
+	ElectionTimeoutMs int64   `json:"election_timeout_ms,omitempty"`
+	Ops               []Op    `json:"ops"`
+	Faults            []Fault `json:"faults"`
 	// Notes are harness observations that are not operations (liveness
 	// trouble, replica comparison), kept for the reader of a failed run.
 	Notes []string `json:"notes,omitempty"`

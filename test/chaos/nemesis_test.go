@@ -2,11 +2,15 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/lockd/lockd/api"
@@ -29,13 +33,14 @@ const (
 	FaultCrashAll       = "crash-all"       // SIGKILL every member at once, restart all; durability probes
 	FaultKillLeaderFast = "kill-leader-now" // SIGKILL the leader and restart it at once (crash loop)
 	FaultTermLeader     = "term-leader"     // SIGTERM the leader (graceful: hands leadership over), restart it
+	FaultBadMember      = "bad-member"      // POST /api/v1/cluster/members with a body no member may accept
 )
 
 // AllFaults is every kind, in the order a schedule cycles through them
 // before shuffling.
 var AllFaults = []string{FaultKillLeader, FaultKillFollower, FaultPauseLeader, FaultPauseFollower,
 	FaultIsolateLeader, FaultPartition, FaultOneWayLeader, FaultOneWayRandom, FaultSlowNet, FaultLossyNet,
-	FaultMembership, FaultCrashAll, FaultKillLeaderFast, FaultTermLeader}
+	FaultMembership, FaultCrashAll, FaultKillLeaderFast, FaultTermLeader, FaultBadMember}
 
 // leaderFaults take the leader away; their failover time is measured.
 var leaderFaults = map[string]bool{FaultKillLeader: true, FaultPauseLeader: true, FaultIsolateLeader: true,
@@ -50,8 +55,10 @@ type Nemesis struct {
 	kinds   []string
 	quiet   time.Duration
 	hc      *http.Client
+	direct  *http.Client // does not follow redirects
 	probe   int
 	crashes int
+	bad     int
 	// Liveness problems: the cluster did not recover after a heal.
 	stuck []string
 }
@@ -59,13 +66,15 @@ type Nemesis struct {
 // NewNemesis prepares a nemesis over the given fault kinds.
 func NewNemesis(c *Cluster, rec *Recorder, seed uint64, kinds []string) *Nemesis {
 	return &Nemesis{c: c, rec: rec, rng: rand.New(rand.NewPCG(seed, 7)), kinds: kinds,
-		quiet: 700 * time.Millisecond, hc: &http.Client{}}
+		quiet: 700 * time.Millisecond, hc: &http.Client{},
+		direct: &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
 // Run injects faults until ctx ends. The schedule cycles through the kinds
 // in a seeded random order, so a run long enough does every kind.
 func (n *Nemesis) Run(ctx context.Context) {
 	defer n.hc.CloseIdleConnections()
+	defer n.direct.CloseIdleConnections()
 	var order []string
 	for ctx.Err() == nil {
 		if len(order) == 0 {
@@ -74,16 +83,23 @@ func (n *Nemesis) Run(ctx context.Context) {
 		}
 		kind := order[0]
 		order = order[1:]
-		n.inject(ctx, kind)
-		if err := n.c.WaitHealthy(45 * time.Second); err != nil {
+		f := n.inject(ctx, kind)
+		n.RecordExits()
+		err := n.c.WaitHealthy(45 * time.Second)
+		if err != nil {
 			msg := fmt.Sprintf("after %s: %v", kind, err)
 			n.stuck = append(n.stuck, msg)
 			n.rec.Note("liveness: %s", msg)
+			n.RecordExits()
 			n.reviveAll()
-			if err := n.c.WaitHealthy(45 * time.Second); err != nil {
-				n.rec.Note("liveness: still not healthy: %v", err)
-				return
-			}
+			err = n.c.WaitHealthy(45 * time.Second)
+		}
+		f.Healthy = n.rec.Now()
+		f.Stuck = err != nil
+		n.rec.AddFault(f)
+		if err != nil {
+			n.rec.Note("liveness: still not healthy: %v", err)
+			return
 		}
 		sleep(ctx, n.quiet+jitter(n.rng, 0, time.Second))
 	}
@@ -91,6 +107,17 @@ func (n *Nemesis) Run(ctx context.Context) {
 
 // Stuck returns the liveness failures seen.
 func (n *Nemesis) Stuck() []string { return n.stuck }
+
+// RecordExits records every member process that exited without the
+// harness stopping it (a KindMemberExit op each); reviveAll restarts them.
+func (n *Nemesis) RecordExits() {
+	for _, e := range n.c.Exited() {
+		now := n.rec.Now()
+		n.rec.Add(Op{Worker: "harness", Via: "nemesis", Kind: KindMemberExit, Node: e.id, Invoke: now, Return: now,
+			Outcome: Fail, Err: e.why})
+		n.rec.Note("member %s exited by itself: %s", e.id, e.why)
+	}
+}
 
 // reviveAll undoes every fault: network healed, paused members continued,
 // stopped members restarted.
@@ -125,12 +152,19 @@ func (n *Nemesis) others(of int) []int {
 
 func (n *Nemesis) pick(from []int) int { return from[n.rng.IntN(len(from))] }
 
+// failover is what a failover probe saw: how long until a write was
+// answered, and by which member (the leader then).
+type failover struct {
+	d  time.Duration
+	by string
+}
+
 // failoverProbe measures, from now, how long until some member answers a
-// write again (200, or 409 from a leader). It reports on the returned
-// channel; stop ends it early.
-func (n *Nemesis) failoverProbe(ctx context.Context) (<-chan time.Duration, context.CancelFunc) {
+// write again (200, or 409 from a leader), and which. It reports on the
+// returned channel; stop ends it early.
+func (n *Nemesis) failoverProbe(ctx context.Context) (<-chan failover, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	out := make(chan time.Duration, 1)
+	out := make(chan failover, 1)
 	start := time.Now()
 	n.probe++
 	base := n.probe * 100000
@@ -149,7 +183,7 @@ func (n *Nemesis) failoverProbe(ctx context.Context) (<-chan time.Duration, cont
 			}
 			rcancel()
 			if err == nil && (resp.StatusCode == 200 || resp.StatusCode == 409) {
-				out <- time.Since(start)
+				out <- failover{d: time.Since(start), by: n.c.idAt(resp.Request.URL.Host)}
 				return
 			}
 			sleep(ctx, 10*time.Millisecond)
@@ -158,34 +192,36 @@ func (n *Nemesis) failoverProbe(ctx context.Context) (<-chan time.Duration, cont
 	return out, cancel
 }
 
-// inject performs one fault and heals it.
-func (n *Nemesis) inject(ctx context.Context, kind string) {
-	f := Fault{Kind: kind, Start: n.rec.Now()}
-	var probe <-chan time.Duration
+// inject performs one fault and heals it; the caller records it once the
+// cluster is healthy again.
+func (n *Nemesis) inject(ctx context.Context, kind string) (f Fault) {
+	f = Fault{Kind: kind, Start: n.rec.Now()}
+	var probe <-chan failover
 	var stopProbe context.CancelFunc = func() {}
 	startProbe := func() { probe, stopProbe = n.failoverProbe(context.Background()) }
 	leader, err := n.c.WaitLeader(ctx, 10*time.Second)
 	if err != nil {
 		f.Err = err.Error()
 		f.End = n.rec.Now()
-		n.rec.AddFault(f)
-		return
+		return f
 	}
 	// Heal whatever this fault did, however it ends.
 	defer func() {
+		if f.Healed == 0 {
+			f.Healed = n.rec.Now()
+		}
 		n.reviveAll()
 		if probe != nil {
 			select {
-			case d, ok := <-probe:
+			case fo, ok := <-probe:
 				if ok {
-					f.Failover = int64(d)
+					f.Failover, f.FailoverBy = int64(fo.d), fo.by
 				}
 			case <-time.After(30 * time.Second):
 			}
 			stopProbe()
 		}
 		f.End = n.rec.Now()
-		n.rec.AddFault(f)
 	}()
 	name := n.c.ID
 	switch kind {
@@ -219,10 +255,15 @@ func (n *Nemesis) inject(ctx context.Context, kind string) {
 		}
 	case FaultPauseLeader:
 		f.Targets = []string{name(leader)}
+		sess := n.openSession(leader)
+		d := jitter(n.rng, 1500*time.Millisecond, 4*time.Second)
 		n.c.Pause(leader)
 		startProbe()
-		n.hold(ctx, 1500*time.Millisecond, 4*time.Second)
+		kas := n.keepalivesWhilePaused(leader, sess, d)
+		sleep(ctx, d)
+		f.Healed = n.rec.Now()
 		n.c.Resume(leader)
+		kas.Wait()
 	case FaultPauseFollower:
 		v := n.pick(n.others(leader))
 		f.Targets = []string{name(v)}
@@ -281,9 +322,128 @@ func (n *Nemesis) inject(ctx context.Context, kind string) {
 		n.membership(ctx, leader, &f)
 	case FaultCrashAll:
 		n.crashAll(ctx, &f, &probe, &stopProbe)
+	case FaultBadMember:
+		n.badMember(leader, &f)
 	default:
 		f.Err = "unknown fault kind"
 	}
+	return f
+}
+
+// openSession opens a session on member i directly (no redirect), with
+// the shortest TTL, for keepalives sent to it while it is paused. "" when
+// i does not take it (it is no longer the leader, say).
+func (n *Nemesis) openSession(i int) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, b, err := n.send(ctx, http.MethodPost, n.c.slots[i].url()+"/api/v1/sessions",
+		strings.NewReader(fmt.Sprintf(`{"client_id":"ka-%d","ttl_ms":%d}`, n.rec.Now(), api.MinSessionTTLms)))
+	var sr api.SessionReply
+	if err != nil || st != 200 || json.Unmarshal(b, &sr) != nil {
+		return ""
+	}
+	return sr.SessionID
+}
+
+// keepalivesWhilePaused sends keepalives of session sess to the paused
+// member i, one shortly after the pause and then every 150 ms while it
+// lasts (d), redirects not followed: the member must not acknowledge one
+// once it wakes up deposed (SPEC semantics 10). Each is recorded when it
+// ends; the returned group waits for them.
+func (n *Nemesis) keepalivesWhilePaused(i int, sess string, d time.Duration) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	if sess == "" {
+		return &wg
+	}
+	id, base := n.c.ID(i), n.c.slots[i].url()
+	start := time.Now()
+	for at := 100 * time.Millisecond; at < d; at += 150 * time.Millisecond {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Until(start.Add(at)))
+			op := Op{Worker: "nemesis", Via: "nemesis", Kind: KindKeepalive, ClientID: sess, Node: id, Invoke: n.rec.Now()}
+			ctx, cancel := context.WithTimeout(context.Background(), d-at+3*time.Second)
+			st, b, err := n.send(ctx, http.MethodPost, base+"/api/v1/sessions/"+url.PathEscape(sess)+"/keepalive", nil)
+			cancel()
+			op.Return, op.Status = n.rec.Now(), st
+			var er api.ErrorReply
+			_ = json.Unmarshal(b, &er)
+			switch {
+			case err != nil:
+				op.Outcome, op.Err = Unknown, err.Error()
+			case st == 200:
+				op.Outcome = Ok
+			default:
+				op.Outcome, op.Code = Fail, er.Error.Code
+			}
+			n.rec.Add(op)
+		}()
+	}
+	return &wg
+}
+
+// send does one request to one member, redirects not followed.
+func (n *Nemesis) send(ctx context.Context, method, u string, body io.Reader) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := n.direct.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// badMember asks the leader to add a member with a garbage raft_addr and
+// a 65,000-byte http_addr of 0xFF bytes (invalid UTF-8; the body stays
+// under the 64 KiB limit, so it must be refused by validation, SPEC
+// semantics 12): the answer must be 400, the configuration unchanged, and
+// every member must keep running (RecordExits, after the fault).
+func (n *Nemesis) badMember(leader int, f *Fault) {
+	n.bad++
+	id := fmt.Sprintf("bad-%d", n.bad)
+	const raftAddr = "not an address:::99999"
+	body := `{"id":"` + id + `","raft_addr":"` + raftAddr + `","http_addr":"` + strings.Repeat("\xff", 65000) + `"}`
+	f.Targets = []string{n.c.ID(leader)}
+	f.Detail = fmt.Sprintf("add %s, raft_addr %q, http_addr 65,000 bytes of 0xFF (body %d bytes)", id, raftAddr, len(body))
+	op := Op{Worker: "nemesis", Via: "nemesis", Kind: KindMemberAdd, ClientID: id, Node: n.c.ID(leader), Invoke: n.rec.Now()}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	st, b, err := n.send(ctx, http.MethodPost, n.c.slots[leader].url()+"/api/v1/cluster/members", strings.NewReader(body))
+	cancel()
+	op.Return, op.Status = n.rec.Now(), st
+	var er api.ErrorReply
+	_ = json.Unmarshal(b, &er)
+	op.Code = er.Error.Code
+	switch {
+	case err != nil:
+		op.Outcome, op.Err = Unknown, err.Error()
+	case st >= 200 && st < 300:
+		op.Outcome = Ok
+	default:
+		op.Outcome = Fail
+	}
+	// Give a member that applies something it cannot read the time to fall
+	// over, then look at the configuration.
+	time.Sleep(1500 * time.Millisecond)
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var cs api.ClusterStatus
+	if u := n.c.leaderURL(ctx); u != "" {
+		if code, err := n.c.getJSON(ctx, u+"/api/v1/cluster", &cs); err == nil && code == 200 {
+			for _, m := range cs.Members {
+				if m.ID == id {
+					op.Err = strings.TrimPrefix(op.Err+"; ", "; ") + "the configuration lists it afterwards"
+					_, _, _ = n.c.post(ctx, http.MethodDelete, u+"/api/v1/cluster/members/"+id, nil)
+				}
+			}
+		}
+	}
+	n.rec.Add(op)
 }
 
 // membership adds a member in a free slot (it joins with --join), then
@@ -322,7 +482,7 @@ func (n *Nemesis) membership(ctx context.Context, leader int, f *Fault) {
 // crashAll takes durability probes, kills every member at once, restarts
 // them all, and reads the probes back. Recovery (kill → first write
 // answered) is measured like a failover.
-func (n *Nemesis) crashAll(ctx context.Context, f *Fault, probe *<-chan time.Duration, stop *context.CancelFunc) {
+func (n *Nemesis) crashAll(ctx context.Context, f *Fault, probe *<-chan failover, stop *context.CancelFunc) {
 	n.crashes++
 	round := n.crashes
 	w := NewWorkload(n.rec, WorkloadOptions{Endpoints: n.c.Endpoints()})

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+
+	"github.com/lockd/lockd/internal/server"
 )
 
 // runConfig is one chaos run.
@@ -21,6 +23,9 @@ type runConfig struct {
 	Seed     uint64
 	Faults   []string
 	Workload WorkloadOptions
+	// RestoreRounds is how many forced restores the restore phase does
+	// after the chaos (0: no restore phase).
+	RestoreRounds int
 	// Explicit: asked for on the command line (summary kept on disk).
 	Explicit bool
 }
@@ -44,26 +49,30 @@ func TestChaos(t *testing.T) {
 			members = 5
 		}
 		cfg := runConfig{Members: members, Duration: *flagDuration, Seed: seed, Faults: faultKinds(nil), Explicit: true,
-			Workload: WorkloadOptions{HTTPWorkers: 5, ClientWorkers: 2, Readers: 2, FIFO: true, Keeper: true}}
+			RestoreRounds: 5,
+			Workload: WorkloadOptions{HTTPWorkers: 5, ClientWorkers: 2, Readers: 2, FIFO: true, Keeper: true,
+				Hasty: 2, Cancellers: 1, Scenarios: true, Probe: true}}
 		t.Run(fmt.Sprintf("members=%d", members), func(t *testing.T) { runChaos(t, cfg) })
 		return
 	}
-	small := WorkloadOptions{HTTPWorkers: 3, ClientWorkers: 1, Readers: 2, FIFO: true, Keeper: true}
+	small := WorkloadOptions{HTTPWorkers: 3, ClientWorkers: 1, Readers: 2, FIFO: true, Keeper: true,
+		Hasty: 1, Cancellers: 1, Scenarios: true, Probe: true}
 	t.Run("members=3", func(t *testing.T) {
-		runChaos(t, runConfig{Members: 3, Duration: 30 * time.Second, Seed: seed, Workload: small,
+		runChaos(t, runConfig{Members: 3, Duration: 30 * time.Second, Seed: seed, Workload: small, RestoreRounds: 3,
 			Faults: faultKinds([]string{FaultKillLeader, FaultPauseLeader, FaultPartition, FaultOneWayLeader,
-				FaultMembership, FaultCrashAll, FaultLossyNet})})
+				FaultMembership, FaultCrashAll, FaultLossyNet, FaultBadMember})})
 	})
 	t.Run("members=5", func(t *testing.T) {
-		runChaos(t, runConfig{Members: 5, Duration: 15 * time.Second, Seed: seed + 1, Workload: small,
+		runChaos(t, runConfig{Members: 5, Duration: 15 * time.Second, Seed: seed + 1, Workload: small, RestoreRounds: 2,
 			Faults: faultKinds([]string{FaultKillFollower, FaultPauseFollower, FaultIsolateLeader,
 				FaultOneWayRandom, FaultSlowNet, FaultKillLeaderFast, FaultTermLeader})})
 	})
 }
 
 // reserve is the time a run keeps, after its chaos, to stop the clients,
-// compare replicas, write the history and check it.
-const reserve = 45 * time.Second
+// settle the locks, compare replicas, run the restore phase, write the
+// history and check it.
+const reserve = 90 * time.Second
 
 // runBudget shortens a run that would not finish before cmd/go kills the
 // test binary (its -timeout plus one minute).
@@ -82,6 +91,9 @@ func runBudget(t *testing.T, d time.Duration) time.Duration {
 
 func runChaos(t *testing.T, cfg runConfig) {
 	binaries(t) // build before the clock starts
+	if cfg.RestoreRounds > 0 {
+		builds.Path(t, "lockctl")
+	}
 	begin := time.Now()
 	rec := NewRecorder()
 	fence := StartFencestore(t)
@@ -92,7 +104,9 @@ func runChaos(t *testing.T, cfg runConfig) {
 	cfg.Duration = runBudget(t, cfg.Duration)
 	t.Logf("chaos run: %d members, %s, seed %d, faults %s", cfg.Members, cfg.Duration, cfg.Seed, strings.Join(cfg.Faults, ","))
 
+	et := lockdElectionTimeout()
 	wopts := cfg.Workload
+	wopts.ElectionTimeout = et
 	wopts.Endpoints = cluster.Endpoints()
 	wopts.Fence = fence.URL
 	wopts.Seed = cfg.Seed
@@ -123,13 +137,33 @@ func runChaos(t *testing.T, cfg runConfig) {
 	sleep(context.Background(), time.Second)
 	stopWorkload()
 	<-wdone
+	// Every lock a client walked away from must come free: read each once
+	// more after its expiry plus the grace.
+	w.settle(context.Background(), "", "", 12*time.Second)
+	nem.RecordExits()
 	divergence := compareReplicas(cluster, 15*time.Second)
 	if divergence != "" {
 		rec.Note("replicas differ: %s", divergence)
 	}
+	if cfg.RestoreRounds > 0 {
+		restorePhase(t, cluster, rec, cfg.Seed, cfg.RestoreRounds, et)
+		nem.RecordExits()
+		if d := compareReplicas(cluster, 15*time.Second); d != "" && divergence == "" {
+			divergence = "after the restore phase: " + d
+			rec.Note("replicas differ: %s", divergence)
+		}
+	}
+
+	for _, p := range cluster.Panics() {
+		now := rec.Now()
+		slot, what, _ := strings.Cut(p, ": ")
+		rec.Add(Op{Worker: "harness", Via: "nemesis", Kind: KindMemberPanic, Node: slot, Invoke: now, Return: now,
+			Outcome: Fail, Err: what})
+	}
 
 	h := rec.History()
 	h.Seed, h.Members, h.Duration = cfg.Seed, cfg.Members, cfg.Duration.String()
+	h.ElectionTimeoutMs = et.Milliseconds()
 	// An explicit run writes its history before checking it: if the check
 	// outlives the test binary, the history is still there for -chaos.replay.
 	var dir string
@@ -163,7 +197,11 @@ func runChaos(t *testing.T, cfg runConfig) {
 		t.Logf("run written to %s", dir)
 	}
 	for _, v := range rep.Violations {
-		t.Errorf("VIOLATION [%s] %s", v.Checker, v.Msg)
+		what := "VIOLATION"
+		if livenessCheckers[v.Checker] {
+			what = "LIVENESS"
+		}
+		t.Errorf("%s [%s] %s", what, v.Checker, v.Msg)
 		for _, id := range v.Ops[:min(len(v.Ops), 4)] {
 			t.Errorf("    %s", h.Ops[id])
 		}
@@ -213,7 +251,7 @@ func summarize(cfg runConfig, h History, rep *Report, nem *Nemesis, c *Cluster, 
 		via[op.Via]++
 	}
 	fmt.Fprintf(&b, "operations: %d (http %d, go client %d, nemesis %d)\n", len(h.Ops), via["http"], via["client"], via["nemesis"])
-	for _, k := range []OpKind{KindAcquire, KindRelease, KindRenew, KindRead, KindFence} {
+	for _, k := range []OpKind{KindAcquire, KindRelease, KindRenew, KindRead, KindFence, KindKeepalive, KindLost, KindMemberAdd, KindMemberExit, KindMemberPanic} {
 		if c := byKind[k]; c != nil {
 			fmt.Fprintf(&b, "  %-8s ok %7d  refused %7d  unknown %6d\n", k, c.ok, c.fail, c.unknown)
 		}
@@ -225,6 +263,12 @@ func summarize(cfg runConfig, h History, rep *Report, nem *Nemesis, c *Cluster, 
 	fmt.Fprintf(&b, "fencestore: %d writes accepted, %d refused as stale\n", rep.FenceAccepted, rep.FenceRefused)
 	fmt.Fprintf(&b, "linearizability (porcupine): %d ops in %d lock partitions: %s in %s\n",
 		rep.LinOps, rep.LinPartitions, rep.LinResult, rep.LinTime.Round(time.Millisecond))
+	fmt.Fprintf(&b, "expiry: %d observations of held locks checked against expires_at + %s + 1s (%d made after expires_at)\n",
+		rep.ExpiryChecked, electionTimeout(h), rep.ExpiryPast)
+	fmt.Fprintf(&b, "waiters: %d waits that ended untold or unanswered checked for a visible grant; Go client: %d grants' Lost() compared with the next grant\n",
+		rep.WaitsChecked, rep.LostChecked)
+	fmt.Fprintf(&b, "restores: %d forced restores with grants on both sides; keepalives: %d sent to a paused leader; member additions refused: %d tried\n",
+		rep.RestoresChecked, rep.KeepalivesPaused, rep.MemberAdds)
 
 	kinds := map[string]int{}
 	var failovers, recoveries []time.Duration
@@ -267,13 +311,41 @@ func summarize(cfg runConfig, h History, rep *Report, nem *Nemesis, c *Cluster, 
 	} else {
 		b.WriteString("replicas: identical lock tables and last tokens at the same applied index\n")
 	}
+	safety, liveness := rep.split()
+	fmt.Fprintf(&b, "safety violations: %s\n", countsLine(safety))
+	fmt.Fprintf(&b, "liveness violations: %s\n", countsLine(liveness))
+	return b.String()
+}
+
+// countsLine renders violation counts by checker: "3 (expiry=2 waiter-told=1)".
+func countsLine(counts map[string]int) string {
+	total := 0
 	var vs []string
-	for k, n := range rep.Counts {
+	for k, n := range counts {
+		total += n
 		vs = append(vs, fmt.Sprintf("%s=%d", k, n))
 	}
 	sort.Strings(vs)
-	fmt.Fprintf(&b, "violations: %d %s\n", rep.Total(), strings.Join(vs, " "))
-	return b.String()
+	if total == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%d (%s)", total, strings.Join(vs, " "))
+}
+
+// lockdElectionTimeout is the members' election timeout: lockd's default,
+// or what -chaos.lockd-flags sets.
+func lockdElectionTimeout() time.Duration {
+	fs := strings.Fields(*flagLockd)
+	for i, f := range fs {
+		v, ok := strings.CutPrefix(f, "--election-timeout=")
+		if !ok && f == "--election-timeout" && i+1 < len(fs) {
+			v, ok = fs[i+1], true
+		}
+		if d, err := time.ParseDuration(v); ok && err == nil && d > 0 {
+			return d
+		}
+	}
+	return server.DefaultElectionTimeout
 }
 
 // writeHistory writes what a run recorded to runs/<time>-seed<N>-m<members>/:

@@ -19,6 +19,7 @@ import (
 
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/client"
+	"github.com/lockd/lockd/internal/server"
 )
 
 // WorkloadOptions size the clients.
@@ -31,6 +32,17 @@ type WorkloadOptions struct {
 	// when their flags are set.
 	HTTPWorkers, ClientWorkers, Readers int
 	FIFO, Keeper                        bool
+	// Hasty HTTP workers give up on acquires, renews and releases a few
+	// milliseconds after sending them (mid-commit), then walk away;
+	// Cancellers do the same through the Go client with cancelled
+	// contexts. Scenarios runs renew-racing-release and
+	// try-acquire-while-queued rounds. Probe lists every lock with state
+	// now and then, so a lock held past its expiry is seen.
+	Hasty, Cancellers int
+	Scenarios, Probe  bool
+	// ElectionTimeout is the members' election timeout (0: lockd's
+	// default): waits that must outlast an expiry are sized with it.
+	ElectionTimeout time.Duration
 	// Epoch is how long one set of lock names is used; LocksPerEpoch how
 	// many. Rotating names keeps each porcupine partition short.
 	Epoch         time.Duration
@@ -51,6 +63,13 @@ type Workload struct {
 
 	mu      sync.Mutex
 	clients []*client.Client
+	held    map[*client.Lock][2]string // Go-client locks not lost yet → worker, client id
+
+	// watchers record when Lost() closes for each Go-client grant;
+	// closingAt is when Run began closing the clients (history time, 0
+	// before), the moment holders stopped counting on what they held.
+	watchers  sync.WaitGroup
+	closingAt atomic.Int64
 }
 
 var errRedirectLoop = errors.New("too many redirects")
@@ -101,15 +120,48 @@ func (w *Workload) Run(ctx context.Context) {
 	if w.opts.Keeper {
 		spawn(w.keeper, 500)
 	}
+	for i := 0; i < w.opts.Hasty; i++ {
+		id := i
+		spawn(func(ctx context.Context, rng *rand.Rand) { w.hastyWorker(ctx, id, rng) }, uint64(600+i))
+	}
+	for i := 0; i < w.opts.Cancellers; i++ {
+		id := i
+		spawn(func(ctx context.Context, rng *rand.Rand) { w.cancelWorker(ctx, id, rng) }, uint64(700+i))
+	}
+	if w.opts.Scenarios {
+		spawn(w.scenarios, 800)
+	}
+	if w.opts.Probe {
+		spawn(w.probe, 900)
+	}
 	wg.Wait()
 	w.mu.Lock()
 	cs := w.clients
 	w.clients = nil
+	held := w.held
+	w.held = nil
 	w.mu.Unlock()
+	closing := max(w.rec.Now(), 1)
+	w.closingAt.Store(closing)
 	for _, c := range cs {
 		_ = c.Close()
 	}
+	// Close deletes each session, which releases its locks: a release
+	// whose outcome is unknown (the delete may not have reached the
+	// leader), sent when the closing began.
+	for l, who := range held {
+		w.rec.Add(Op{Worker: who[0], Via: "client", Kind: KindRelease, Lock: l.Name(), ClientID: who[1], Token: l.Token(),
+			Invoke: closing, Return: w.rec.Now(), Outcome: Unknown, Err: "the client closed: its session deleted"})
+	}
+	w.watchers.Wait()
 	w.hc.CloseIdleConnections()
+}
+
+func (w *Workload) electionTimeout() time.Duration {
+	if w.opts.ElectionTimeout > 0 {
+		return w.opts.ElectionTimeout
+	}
+	return server.DefaultElectionTimeout
 }
 
 func (w *Workload) lockName(rng *rand.Rand) string {
@@ -149,6 +201,7 @@ type reply struct {
 	outcome Outcome
 	code    string
 	err     string
+	gaveUp  bool // the call's own timeout ran out, no reply read
 }
 
 // endpoint keeps a worker's guess of the leader.
@@ -167,6 +220,7 @@ func (w *Workload) call(ctx context.Context, ep *endpoint, method, path string, 
 	if body != nil {
 		payload, _ = json.Marshal(body)
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	eps := w.opts.Endpoints
@@ -191,13 +245,13 @@ func (w *Workload) call(ctx context.Context, ep *endpoint, method, path string, 
 				last = reply{outcome: Fail, err: err.Error()}
 				continue
 			}
-			return reply{outcome: Unknown, err: err.Error()}
+			return reply{outcome: Unknown, err: err.Error(), gaveUp: gaveUp(ctx, parent)}
 		}
 		b, rerr := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		r := reply{status: resp.StatusCode, body: b}
 		if rerr != nil {
-			r.outcome, r.err = Unknown, rerr.Error()
+			r.outcome, r.err, r.gaveUp = Unknown, rerr.Error(), gaveUp(ctx, parent)
 			return r
 		}
 		var er api.ErrorReply
@@ -229,6 +283,11 @@ func (w *Workload) call(ctx context.Context, ep *endpoint, method, path string, 
 	return last
 }
 
+// gaveUp reports that a call's own timeout ended it, not its caller.
+func gaveUp(ctx, parent context.Context) bool {
+	return errors.Is(ctx.Err(), context.DeadlineExceeded) && parent.Err() == nil
+}
+
 // notSent reports a transport error that proves no member received the
 // request: a refused dial (to the first member or to the redirect target),
 // or a redirect loop (a 307 proposes nothing).
@@ -250,11 +309,16 @@ func lockPath(name, op string) string {
 
 // acquire sends one acquire and records it.
 func (w *Workload) acquire(ctx context.Context, ep *endpoint, worker, lock, cid string, attempt int64, ttl, wait time.Duration, tag string) Op {
+	return w.acquireWithin(ctx, ep, worker, lock, cid, attempt, ttl, wait, tag, wait+2500*time.Millisecond)
+}
+
+// acquireWithin is acquire with the client's own timeout.
+func (w *Workload) acquireWithin(ctx context.Context, ep *endpoint, worker, lock, cid string, attempt int64, ttl, wait time.Duration, tag string, timeout time.Duration) Op {
 	ttlMs, waitMs := ttl.Milliseconds(), wait.Milliseconds()
 	op := Op{Worker: worker, Via: w.via, Kind: KindAcquire, Lock: lock, ClientID: cid, Attempt: attempt,
 		TTLms: ttlMs, WaitMs: waitMs, Tag: tag, Invoke: w.rec.Now()}
 	r := w.call(ctx, ep, http.MethodPost, lockPath(lock, "acquire"),
-		api.AcquireRequest{ClientID: cid, TTLms: &ttlMs, WaitTimeoutMs: &waitMs}, wait+2500*time.Millisecond)
+		api.AcquireRequest{ClientID: cid, TTLms: &ttlMs, WaitTimeoutMs: &waitMs}, timeout)
 	op.Return = w.rec.Now()
 	op.fill(r)
 	if op.Outcome != Fail {
@@ -270,6 +334,7 @@ func (w *Workload) acquire(ctx context.Context, ep *endpoint, worker, lock, cid 
 		op.Err = fmt.Sprintf("200 without a grant: %q", r.body)
 	case op.Outcome == Ok:
 		op.OutToken = ar.FencingToken
+		op.ExpiresAt = w.wallTime(ar.ExpiresAt)
 	case r.status == 409 && perr == nil:
 		op.Holder = ar.Holder
 		if ar.Error != nil {
@@ -280,7 +345,17 @@ func (w *Workload) acquire(ctx context.Context, ep *endpoint, worker, lock, cid 
 }
 
 func (op *Op) fill(r reply) {
-	op.Outcome, op.Code, op.Status, op.Err = r.outcome, r.code, r.status, r.err
+	op.Outcome, op.Code, op.Status, op.Err, op.GaveUp = r.outcome, r.code, r.status, r.err, r.gaveUp
+}
+
+// wallTime converts a SPEC time from the server (its wall clock) to history
+// time; 0 for none or an unreadable one.
+func (w *Workload) wallTime(s string) int64 {
+	t, err := api.ParseTime(s)
+	if err != nil || t.IsZero() {
+		return 0
+	}
+	return w.rec.At(t)
 }
 
 // definite reports whether an op's outcome is known.
@@ -325,8 +400,13 @@ func retryChain(ctx context.Context, rng *rand.Rand, d time.Duration, try func()
 const maxUnknownRetries = 3
 
 func (w *Workload) release(ctx context.Context, ep *endpoint, worker, lock, cid string, token uint64, tag string) Op {
+	return w.releaseWithin(ctx, ep, worker, lock, cid, token, tag, 2500*time.Millisecond)
+}
+
+// releaseWithin is release with the client's own timeout.
+func (w *Workload) releaseWithin(ctx context.Context, ep *endpoint, worker, lock, cid string, token uint64, tag string, timeout time.Duration) Op {
 	op := Op{Worker: worker, Via: w.via, Kind: KindRelease, Lock: lock, ClientID: cid, Token: token, Tag: tag, Invoke: w.rec.Now()}
-	r := w.call(ctx, ep, http.MethodPost, lockPath(lock, "release"), api.ReleaseRequest{ClientID: cid, FencingToken: token}, 2500*time.Millisecond)
+	r := w.call(ctx, ep, http.MethodPost, lockPath(lock, "release"), api.ReleaseRequest{ClientID: cid, FencingToken: token}, timeout)
 	op.Return = w.rec.Now()
 	op.fill(r)
 	var rr api.ReleaseReply
@@ -346,9 +426,14 @@ func (w *Workload) releaseChain(ctx context.Context, ep *endpoint, rng *rand.Ran
 }
 
 func (w *Workload) renew(ctx context.Context, ep *endpoint, worker, lock, cid string, token uint64, ttl time.Duration, tag string) Op {
+	return w.renewWithin(ctx, ep, worker, lock, cid, token, ttl, tag, 2500*time.Millisecond)
+}
+
+// renewWithin is renew with the client's own timeout.
+func (w *Workload) renewWithin(ctx context.Context, ep *endpoint, worker, lock, cid string, token uint64, ttl time.Duration, tag string, timeout time.Duration) Op {
 	ttlMs := ttl.Milliseconds()
 	op := Op{Worker: worker, Via: w.via, Kind: KindRenew, Lock: lock, ClientID: cid, Token: token, TTLms: ttlMs, Tag: tag, Invoke: w.rec.Now()}
-	r := w.call(ctx, ep, http.MethodPost, lockPath(lock, "renew"), api.RenewRequest{ClientID: cid, FencingToken: token, TTLms: &ttlMs}, 2500*time.Millisecond)
+	r := w.call(ctx, ep, http.MethodPost, lockPath(lock, "renew"), api.RenewRequest{ClientID: cid, FencingToken: token, TTLms: &ttlMs}, timeout)
 	op.Return = w.rec.Now()
 	op.fill(r)
 	if op.Outcome != Fail {
@@ -357,6 +442,9 @@ func (w *Workload) renew(ctx context.Context, ep *endpoint, worker, lock, cid st
 	var rr api.RenewReply
 	if op.Outcome == Ok && (json.Unmarshal(r.body, &rr) != nil || !rr.Renewed) {
 		op.Outcome, op.Code, op.Err = Unknown, "unexpected", fmt.Sprintf("200 that is not a renewal: %q", r.body)
+	}
+	if op.Outcome == Ok {
+		op.ExpiresAt = w.wallTime(rr.ExpiresAt)
 	}
 	return w.rec.Add(op)
 }
@@ -372,6 +460,7 @@ func (w *Workload) read(ctx context.Context, ep *endpoint, worker, lock, tag str
 			op.Outcome, op.Code = Unknown, "unexpected"
 		} else {
 			op.Held, op.Holder, op.OutToken, op.Waiters = st.Held, st.ClientID, st.FencingToken, st.Waiters
+			op.ExpiresAt = w.wallTime(st.ExpiresAt)
 		}
 	}
 	return w.rec.Add(op)
@@ -583,35 +672,21 @@ func (w *Workload) fifoProber(ctx context.Context, rng *rand.Rand) {
 }
 
 // clientWorker does the same through the public Go client: one session
-// over WebSocket, locks with a TTL of their own.
+// over WebSocket, locks with a TTL of their own (or, one time in four,
+// bound to the session alone).
 func (w *Workload) clientWorker(ctx context.Context, id int, rng *rand.Rand) {
 	name := fmt.Sprintf("client%d", id)
-	var c *client.Client
-	for c == nil {
-		nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		var err error
-		c, err = client.New(nctx, client.Config{Endpoints: append([]string(nil), w.opts.Endpoints...),
-			ClientID: fmt.Sprintf("ws%d", id), SessionTTL: 10 * time.Second})
-		cancel()
-		if ctx.Err() != nil {
-			if c != nil {
-				_ = c.Close()
-			}
-			return
-		}
-		if err != nil {
-			c = nil
-			sleep(ctx, 200*time.Millisecond)
-		}
+	c := w.newClient(ctx, fmt.Sprintf("ws%d", id))
+	if c == nil {
+		return
 	}
-	w.mu.Lock()
-	w.clients = append(w.clients, c)
-	w.mu.Unlock()
-	cid := c.ClientID()
 	pending := map[string]int64{} // lock → attempt of an acquire whose outcome is unknown
 	for ctx.Err() == nil {
 		lock := w.lockName(rng)
 		ttl := jitter(rng, time.Second, 3*time.Second)
+		if rng.IntN(4) == 0 {
+			ttl = 0 // bound to the session only: its keepalives keep it
+		}
 		try := rng.IntN(5) < 2
 		var wait time.Duration
 		if !try {
@@ -621,42 +696,12 @@ func (w *Workload) clientWorker(ctx context.Context, id int, rng *rand.Rand) {
 		if !ok {
 			attempt = w.rec.NewAttempt()
 		}
-		op := Op{Worker: name, Via: "client", Kind: KindAcquire, Lock: lock, ClientID: cid, Attempt: attempt,
-			TTLms: ttl.Milliseconds(), WaitMs: wait.Milliseconds(), Invoke: w.rec.Now()}
 		actx, cancel := context.WithTimeout(ctx, wait+4*time.Second)
-		var l *client.Lock
-		var err error
-		if try {
-			l, err = c.TryAcquire(actx, lock, client.WithTTL(ttl))
-		} else {
-			l, err = c.Acquire(actx, lock, client.WithTTL(ttl), client.WithWaitTimeout(wait))
-		}
+		op, l, sent := w.clientAcquire(ctx, actx, name, c, lock, attempt, ttl, wait, try)
 		cancel()
-		op.Return = w.rec.Now()
-		var se *client.ServerError
-		switch {
-		case err == nil:
-			op.Outcome, op.OutToken = Ok, l.Token()
-			op.ExpiryLB = min(expiryLB(op.Invoke, ttl), w.rec.At(l.Deadline()))
-		case errors.Is(err, client.ErrMaybeGrantedLost):
-			// Re-sent after a reconnect: the first send may have been
-			// granted and lost while the client was away.
-			op.Outcome, op.Err = Unknown, err.Error()
-		case errors.As(err, &se) && (se.API.Code == api.CodeLockHeld || se.API.Code == api.CodeWaitTimeout):
-			op.Outcome, op.Code, op.Holder = Fail, se.API.Code, se.Holder
-		case errors.Is(err, client.ErrLockHeld), errors.Is(err, client.ErrClosed):
-			// Refused locally ("already held or awaited by this client"):
-			// nothing was sent.
+		if !sent {
 			continue
-		default:
-			// The client may still get the grant and hand it back by itself
-			// (an abandoned wait), so it may end at any moment: no bound.
-			op.Outcome, op.Err = Unknown, err.Error()
-			if errors.As(err, &se) {
-				op.Code = se.API.Code
-			}
 		}
-		w.rec.Add(op)
 		if op.Outcome == Unknown {
 			pending[lock] = attempt
 			sleep(ctx, jitter(rng, 50*time.Millisecond, 200*time.Millisecond))
@@ -672,39 +717,128 @@ func (w *Workload) clientWorker(ctx context.Context, id int, rng *rand.Rand) {
 	}
 }
 
-func (w *Workload) clientHold(ctx context.Context, rng *rand.Rand, name string, c *client.Client, l *client.Lock, ttl time.Duration) {
+// newClient opens a Go client (a session over WebSocket), retrying until
+// ctx ends; Run closes it. nil when ctx ended first.
+func (w *Workload) newClient(ctx context.Context, id string) *client.Client {
+	for ctx.Err() == nil {
+		nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		c, err := client.New(nctx, client.Config{Endpoints: append([]string(nil), w.opts.Endpoints...),
+			ClientID: id, SessionTTL: 10 * time.Second})
+		cancel()
+		if err == nil && ctx.Err() != nil {
+			_ = c.Close()
+			return nil
+		}
+		if err == nil {
+			w.mu.Lock()
+			w.clients = append(w.clients, c)
+			w.mu.Unlock()
+			return c
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+	return nil
+}
+
+// clientAcquire acquires lock through the Go client within actx (run is
+// the run's context) and records it. ttl 0: bound to the session only.
+// sent is false when the client refused locally and nothing was recorded.
+func (w *Workload) clientAcquire(run, actx context.Context, name string, c *client.Client, lock string, attempt int64,
+	ttl, wait time.Duration, try bool) (op Op, l *client.Lock, sent bool) {
 	cid := c.ClientID()
+	op = Op{Worker: name, Via: "client", Kind: KindAcquire, Lock: lock, ClientID: cid, Attempt: attempt,
+		TTLms: ttl.Milliseconds(), WaitMs: wait.Milliseconds(), Invoke: w.rec.Now()}
+	var err error
+	opts := []client.AcquireOption{}
+	if ttl > 0 {
+		opts = append(opts, client.WithTTL(ttl))
+	}
+	if try {
+		l, err = c.TryAcquire(actx, lock, opts...)
+	} else {
+		l, err = c.Acquire(actx, lock, append(opts, client.WithWaitTimeout(wait))...)
+	}
+	op.Return = w.rec.Now()
+	var se *client.ServerError
+	switch {
+	case err == nil:
+		op.Outcome, op.OutToken = Ok, l.Token()
+		op.ExpiryLB = w.rec.At(l.Deadline())
+		if ttl > 0 {
+			op.ExpiryLB = min(op.ExpiryLB, expiryLB(op.Invoke, ttl))
+		}
+		if exp := l.ExpiresAt(); !exp.IsZero() {
+			op.ExpiresAt = w.rec.At(exp)
+		}
+		w.watchLost(name, cid, l)
+	case errors.Is(err, client.ErrMaybeGrantedLost):
+		// Re-sent after a reconnect: the first send may have been
+		// granted and lost while the client was away.
+		op.Outcome, op.Err = Unknown, err.Error()
+	case errors.As(err, &se) && (se.API.Code == api.CodeLockHeld || se.API.Code == api.CodeWaitTimeout):
+		op.Outcome, op.Code, op.Holder = Fail, se.API.Code, se.Holder
+	case errors.Is(err, client.ErrLockHeld), errors.Is(err, client.ErrClosed):
+		// Refused locally ("already held or awaited by this client"):
+		// nothing was sent.
+		return op, nil, false
+	default:
+		// The client may still get the grant and hand it back by itself
+		// (an abandoned wait), so it may end at any moment: no bound.
+		op.Outcome, op.Err = Unknown, err.Error()
+		if errors.As(err, &se) {
+			op.Code = se.API.Code
+		}
+		op.GaveUp = clientGaveUp(run, err)
+	}
+	return w.rec.Add(op), l, true
+}
+
+func (w *Workload) clientHold(ctx context.Context, rng *rand.Rand, name string, c *client.Client, l *client.Lock, ttl time.Duration) {
 	for steps := rng.IntN(3); steps > 0 && ctx.Err() == nil && l.Err() == nil; steps-- {
-		if rng.IntN(2) == 0 {
-			w.fenceWrite(ctx, name, l.Name(), cid, l.Token())
+		if rng.IntN(2) == 0 || ttl == 0 {
+			w.fenceWrite(ctx, name, l.Name(), c.ClientID(), l.Token())
 		} else {
-			op := Op{Worker: name, Via: "client", Kind: KindRenew, Lock: l.Name(), ClientID: cid, Token: l.Token(),
-				TTLms: ttl.Milliseconds(), Invoke: w.rec.Now()}
-			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			err := l.Renew(rctx, ttl)
-			cancel()
-			op.Return = w.rec.Now()
-			var se *client.ServerError
-			switch {
-			case err == nil:
-				op.Outcome = Ok
-				op.ExpiryLB = min(expiryLB(op.Invoke, ttl), w.rec.At(l.Deadline()))
-			case errors.As(err, &se) && se.API.Code == api.CodeNotHolder:
-				op.Outcome, op.Code = Fail, se.API.Code
-			default:
-				// An unconfirmed renew does not move the client's lease, and
-				// the client ends the grant by its lease: no new bound.
-				op.Outcome, op.Err = Unknown, err.Error()
-			}
-			w.rec.Add(op)
+			w.clientRenew(ctx, name, c, l, ttl, 3*time.Second)
 		}
 		sleep(ctx, jitter(rng, 10*time.Millisecond, 100*time.Millisecond))
 	}
 	if l.Err() != nil {
 		return // lost: nothing to release
 	}
-	op := Op{Worker: name, Via: "client", Kind: KindRelease, Lock: l.Name(), ClientID: cid, Token: l.Token(), Invoke: w.rec.Now()}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	w.clientRelease(context.WithoutCancel(ctx), name, c, l, 5*time.Second)
+}
+
+// clientRenew renews l to ttl within timeout and records it.
+func (w *Workload) clientRenew(ctx context.Context, name string, c *client.Client, l *client.Lock, ttl, timeout time.Duration) Op {
+	op := Op{Worker: name, Via: "client", Kind: KindRenew, Lock: l.Name(), ClientID: c.ClientID(), Token: l.Token(),
+		TTLms: ttl.Milliseconds(), Invoke: w.rec.Now()}
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	err := l.Renew(rctx, ttl)
+	cancel()
+	op.Return = w.rec.Now()
+	var se *client.ServerError
+	switch {
+	case err == nil:
+		op.Outcome = Ok
+		op.ExpiryLB = min(expiryLB(op.Invoke, ttl), w.rec.At(l.Deadline()))
+		if exp := l.ExpiresAt(); !exp.IsZero() {
+			op.ExpiresAt = w.rec.At(exp)
+		}
+	case errors.As(err, &se) && se.API.Code == api.CodeNotHolder:
+		op.Outcome, op.Code = Fail, se.API.Code
+	default:
+		// An unconfirmed renew does not move the client's lease, and
+		// the client ends the grant by its lease: no new bound.
+		op.Outcome, op.Err = Unknown, err.Error()
+		op.GaveUp = clientGaveUp(ctx, err)
+	}
+	return w.rec.Add(op)
+}
+
+// clientRelease releases l within timeout and records it.
+func (w *Workload) clientRelease(ctx context.Context, name string, c *client.Client, l *client.Lock, timeout time.Duration) Op {
+	op := Op{Worker: name, Via: "client", Kind: KindRelease, Lock: l.Name(), ClientID: c.ClientID(), Token: l.Token(), Invoke: w.rec.Now()}
+	rctx, cancel := context.WithTimeout(ctx, timeout)
 	err := l.Release(rctx)
 	cancel()
 	op.Return = w.rec.Now()
@@ -716,6 +850,48 @@ func (w *Workload) clientHold(ctx context.Context, rng *rand.Rand, name string, 
 		op.Outcome, op.Code = Fail, se.API.Code
 	default:
 		op.Outcome, op.Err = Unknown, err.Error()
+		op.GaveUp = clientGaveUp(ctx, err)
 	}
-	w.rec.Add(op)
+	return w.rec.Add(op)
+}
+
+// clientGaveUp reports that a Go-client call ended because the caller's
+// own timeout ran out, or the client stopped waiting for an answer to a
+// wait on its own — not a refusal, a lost connection or the run's end.
+func clientGaveUp(run context.Context, err error) bool {
+	var se *client.ServerError
+	if run.Err() != nil || errors.As(err, &se) {
+		return false
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, client.ErrWaitTimeout)
+}
+
+// watchLost records when the lock's Lost() closes (a KindLost op): the
+// holder counts on the lock until then, or until it sends a release, or
+// until Run begins closing the clients (then Invoke is that moment).
+func (w *Workload) watchLost(worker, cid string, l *client.Lock) {
+	w.mu.Lock()
+	if w.held == nil {
+		w.held = map[*client.Lock][2]string{}
+	}
+	w.held[l] = [2]string{worker, cid}
+	w.mu.Unlock()
+	w.watchers.Add(1)
+	go func() {
+		defer w.watchers.Done()
+		<-l.Lost()
+		now := w.rec.Now()
+		w.mu.Lock()
+		delete(w.held, l)
+		w.mu.Unlock()
+		op := Op{Worker: worker, Via: "client", Kind: KindLost, Lock: l.Name(), ClientID: cid, Token: l.Token(),
+			Invoke: now, Return: now, Outcome: Ok}
+		if c := w.closingAt.Load(); c != 0 && c < now {
+			op.Invoke = c
+		}
+		if err := l.Err(); err != nil {
+			op.Err = err.Error()
+		}
+		w.rec.Add(op)
+	}()
 }
