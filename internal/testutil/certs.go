@@ -9,10 +9,13 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/lockd/lockd/internal/tlsfiles"
 )
 
 // CA is a throwaway certificate authority for TLS tests.
@@ -39,9 +42,29 @@ func NewCA(t testing.TB, name string) *CA {
 }
 
 // Issue makes a certificate for loopback (127.0.0.1, ::1, localhost),
-// usable as server and client certificate. It returns the cert and key
-// file paths.
+// usable as server and client certificate, naming no lockd identity: an
+// ordinary client certificate, which the Raft port refuses. It returns the
+// cert and key file paths.
 func (ca *CA) Issue(name string) (certFile, keyFile string) {
+	ca.t.Helper()
+	return ca.issue(name, name)
+}
+
+// IssueMember is Issue for a member: the certificate also carries the URI
+// SAN spiffe://lockd/<cluster>/member/<id> that the Raft transport checks.
+func (ca *CA) IssueMember(cluster, id string) (certFile, keyFile string) {
+	ca.t.Helper()
+	return ca.issue("member-"+cluster+"-"+id, id, tlsfiles.MemberURI(cluster, id))
+}
+
+// IssueClient is Issue with the explicit client marker
+// spiffe://lockd/<cluster>/client/<name>.
+func (ca *CA) IssueClient(cluster, name string) (certFile, keyFile string) {
+	ca.t.Helper()
+	return ca.issue("client-"+cluster+"-"+name, name, tlsfiles.ClientURI(cluster, name))
+}
+
+func (ca *CA) issue(file, name string, uris ...*url.URL) (certFile, keyFile string) {
 	t := ca.t
 	t.Helper()
 	tmpl := template(name)
@@ -49,13 +72,14 @@ func (ca *CA) Issue(name string) (certFile, keyFile string) {
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 	tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")}
 	tmpl.DNSNames = []string{"localhost"}
+	tmpl.URIs = uris
 	key, der := sign(t, tmpl, ca.cert, ca.key)
 	kb, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	certFile = filepath.Join(ca.dir, name+".pem")
-	keyFile = filepath.Join(ca.dir, name+"-key.pem")
+	certFile = filepath.Join(ca.dir, file+".pem")
+	keyFile = filepath.Join(ca.dir, file+"-key.pem")
 	writePEM(t, certFile, "CERTIFICATE", der)
 	writePEM(t, keyFile, "PRIVATE KEY", kb)
 	return certFile, keyFile
