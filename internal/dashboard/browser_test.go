@@ -1,9 +1,11 @@
 package dashboard_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"go.uber.org/goleak"
@@ -315,9 +318,10 @@ func TestDashboardInBrowser(t *testing.T) {
 }
 
 // startBrowser starts headless Chromium for one test: 1280 px wide at 2x
-// (a crisp screenshot), light theme. It stops when the test ends, and the
-// test fails on any uncaught exception of the page.
-func startBrowser(t *testing.T, ctx context.Context, bin string) context.Context {
+// (a crisp screenshot), light theme, with extra flags from opts. It stops
+// when the test ends, and the test fails on any uncaught exception of the
+// page.
+func startBrowser(t *testing.T, ctx context.Context, bin string, opts ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	var logOpen atomic.Bool
 	logOpen.Store(true)
@@ -328,7 +332,7 @@ func startBrowser(t *testing.T, ctx context.Context, bin string) context.Context
 	}
 	// Headless, as root in a container, nothing talking to the network
 	// but the page.
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx,
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append([]chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(bin),
 		chromedp.Flag("headless", true),
 		chromedp.Flag("no-sandbox", true),
@@ -346,7 +350,7 @@ func startBrowser(t *testing.T, ctx context.Context, bin string) context.Context
 		chromedp.Flag("force-color-profile", "srgb"),
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1280, 860),
-	)
+	}, opts...)...)
 	browser, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithErrorf(logf))
 
 	var exMu sync.Mutex
@@ -410,8 +414,10 @@ func startBrowser(t *testing.T, ctx context.Context, bin string) context.Context
 }
 
 // TestDashboardInBrowserWithAuth: with authentication on, the page asks
-// for a token, refuses one without read access to every lock, and goes live
-// with one that has it.
+// for a token, refuses one without read access to every lock, goes live
+// with one that has it and shows the locks taken meanwhile; and no request
+// it makes carries the token in its URL: it goes in the Authorization
+// header.
 func TestDashboardInBrowserWithAuth(t *testing.T) {
 	bin := chromium(t)
 	t.Cleanup(func() {
@@ -430,6 +436,7 @@ func TestDashboardInBrowserWithAuth(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	browser := startBrowser(t, ctx, bin)
+	sent := recordRequests(t, browser)
 	if err := chromedp.Do(browser, chromedp.Navigate(m.URL()+"/ui/")); err != nil {
 		t.Fatal(err)
 	}
@@ -453,6 +460,95 @@ func TestDashboardInBrowserWithAuth(t *testing.T) {
 	waitPage(t, browser, "the dashboard, live", 10*time.Second, func(p pageState) bool {
 		return !p.Auth && p.Conn == "live" && p.Leader == m.ID && p.Self == m.ID
 	})
+
+	// A lock taken now reaches the page over the stream it holds open.
+	r := callToken(ctx, http.MethodPost, m.URL()+"/api/v1/locks/billing%2Finvoices/acquire", opsToken,
+		map[string]any{"client_id": "biller-1", "ttl_ms": 60000})
+	if r.Status != 200 || r.Body["acquired"] != true {
+		t.Fatalf("acquire: %d %s", r.Status, r.Raw)
+	}
+	tokenText := strconv.FormatUint(r.Uint("fencing_token"), 10)
+	waitPage(t, browser, "the lock taken while the page was open", 10*time.Second, func(p pageState) bool {
+		l, ok := p.lock("billing/invoices")
+		return ok && strings.HasPrefix(l.Holder, "biller-1") && l.Token == tokenText
+	})
+
+	reqs := sent.all()
+	var streams int
+	for _, r := range reqs {
+		if strings.Contains(strings.ToLower(r.URL), "access_token") || strings.Contains(r.URL, opsToken) {
+			t.Errorf("the page put the token in a URL: %s %s", r.Method, r.URL)
+		}
+		if strings.HasSuffix(r.URL, "/ui/events") && r.Auth == "Bearer "+opsToken {
+			streams++
+		}
+	}
+	if streams == 0 {
+		t.Errorf("no request for /ui/events carried the token in its Authorization header; requests: %+v", reqs)
+	}
+}
+
+// sentRequest is one request the page made, as the browser reports it
+// before sending it.
+type sentRequest struct {
+	Method, URL string
+	Auth        string // the Authorization header, "" without one
+}
+
+// requestLog records every request the browser sends
+// (network.EventRequestWillBeSent).
+type requestLog struct {
+	mu   sync.Mutex
+	reqs []sentRequest
+}
+
+func recordRequests(t *testing.T, browser context.Context) *requestLog {
+	t.Helper()
+	l := &requestLog{}
+	if err := chromedp.Listen(browser, func(ev any) {
+		e, ok := ev.(*network.EventRequestWillBeSent)
+		if !ok || e.Request == nil {
+			return
+		}
+		r := sentRequest{Method: e.Request.Method, URL: e.Request.URL}
+		for k, v := range e.Request.Headers {
+			if strings.EqualFold(k, "Authorization") {
+				r.Auth = fmt.Sprint(v)
+			}
+		}
+		l.mu.Lock()
+		l.reqs = append(l.reqs, r)
+		l.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func (l *requestLog) all() []sentRequest {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.reqs)
+}
+
+// callToken is testutil.Call with a bearer token.
+func callToken(ctx context.Context, method, url, token string, body any) testutil.Reply {
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(b))
+	if err != nil {
+		return testutil.Reply{Raw: err.Error()}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		return testutil.Reply{Raw: err.Error()}
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	r := testutil.Reply{Status: resp.StatusCode, Raw: string(raw)}
+	_ = json.Unmarshal(raw, &r.Body)
+	return r
 }
 
 // callRetry is testutil.Call retried (for up to 15 s) while the cluster has

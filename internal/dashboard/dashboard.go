@@ -77,9 +77,11 @@ type Option func(*config)
 // (a "read" permission on the empty prefix, or more), since the page lists
 // them all. A nil store leaves the dashboard open, as the API is then.
 //
-// The token comes in the Authorization header or, because a browser's
-// EventSource cannot send headers, in the access_token query parameter.
-// The page itself and its assets carry no data and need no token.
+// The token comes in the Authorization header only: the page reads the
+// event stream with fetch, which can send headers, where an EventSource
+// cannot. A token in the URL (?access_token=) is refused, on every path;
+// see refuseQueryToken. The page itself and its assets carry no data and
+// need no token.
 func WithAuth(s *auth.Store) Option { return func(c *config) { c.auth = s } }
 
 func defaultConfig() config {
@@ -88,9 +90,12 @@ func defaultConfig() config {
 		writeTimeout: 10 * time.Second, now: time.Now}
 }
 
-// New returns the dashboard handler. Mount it on "GET /ui/"; it serves
-// /ui/ (the page and its assets), /ui/events (the live stream) and
-// /ui/snapshot (one snapshot as JSON, for scripts and curl).
+// New returns the dashboard handler. Mount it on "/ui/" for every method;
+// it serves /ui/ (the page and its assets), /ui/events (the live stream)
+// and /ui/snapshot (one snapshot as JSON, for scripts and curl), answers
+// the CORS preflight (OPTIONS) of /ui/events and /ui/snapshot, and refuses
+// the rest itself. Mounted on "GET /ui/" only, the preflight never reaches
+// it, and a page served by one member cannot send its token to another.
 func New(src Source, logger *slog.Logger, opts ...Option) http.Handler {
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -119,8 +124,11 @@ func newHandler(src Source, logger *slog.Logger, cfg config) *handler {
 		assets: http.StripPrefix("/ui/", http.FileServerFS(sub)), mux: http.NewServeMux()}
 	h.mux.HandleFunc("GET /ui/events", h.events)
 	h.mux.HandleFunc("GET /ui/snapshot", h.snapshot)
+	h.mux.HandleFunc("OPTIONS /ui/events", h.preflight)
+	h.mux.HandleFunc("OPTIONS /ui/snapshot", h.preflight)
 	h.mux.HandleFunc("GET /ui/{$}", h.static)
 	h.mux.HandleFunc("GET /ui/app.js", h.static)
+	h.mux.HandleFunc("GET /ui/net.js", h.static)
 	h.mux.HandleFunc("GET /ui/style.css", h.static)
 	h.mux.HandleFunc("GET /ui/favicon.svg", h.static)
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -129,7 +137,35 @@ func newHandler(src Source, logger *slog.Logger, cfg config) *handler {
 	return h
 }
 
-func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if refuseQueryToken(w, r) {
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// queryTokenParam is where an earlier dashboard took the token, because a
+// browser's EventSource cannot send headers.
+const queryTokenParam = "access_token"
+
+// refuseQueryToken answers 400 to a request with a token in its URL, on
+// every dashboard path and whether or not authentication is on. A URL is
+// written to proxy and server access logs and kept in browser history, so
+// a token there leaks; refusing it loudly (rather than ignoring it, which
+// would look like a wrong token) tells a script still sending it to move
+// to the Authorization header. This is the only place the dashboard looks
+// at a request's query (TestNoHandlerReadsTheQuery checks that).
+func refuseQueryToken(w http.ResponseWriter, r *http.Request) bool {
+	if !r.URL.Query().Has(queryTokenParam) {
+		return false
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeError(w, http.StatusBadRequest, api.CodeInvalidArgument,
+		"the dashboard does not take a token in the URL (?"+queryTokenParam+"=): URLs are kept in proxy and server logs "+
+			"and in browser history. Send it in the Authorization header (Authorization: Bearer <token>), "+
+			"and treat a token that was sent in a URL as exposed")
+	return true
+}
 
 // contentSecurityPolicy allows the page only its own assets; connect-src
 // admits the other members' event streams, at whatever address they publish.
@@ -155,24 +191,22 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 	_ = json.NewEncoder(w).Encode(api.ErrorReply{Error: api.Error{Code: code, Message: msg}})
 }
 
-// authorize checks the bearer token when authentication is on, answering
-// 401 or 403 itself (with the CORS header, so that a page served by another
-// member can read the answer and ask for a token).
+// authorize checks the bearer token of the Authorization header when
+// authentication is on, answering 401 or 403 itself (with the CORS header,
+// so that a page served by another member can read the answer and ask for
+// a token).
 func (h *handler) authorize(w http.ResponseWriter, r *http.Request) bool {
 	if h.cfg.auth == nil {
 		return true
 	}
-	bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok {
-		bearer = r.URL.Query().Get("access_token")
-	}
+	bearer, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	id, err := h.cfg.auth.Authenticate(strings.TrimSpace(bearer))
 	if err != nil {
 		h.allowOrigin(w, r)
 		w.Header().Set("Cache-Control", "no-store")
 		w.Header().Set("WWW-Authenticate", `Bearer realm="lockd"`)
 		writeError(w, http.StatusUnauthorized, api.CodeUnauthenticated,
-			"the dashboard needs a valid bearer token with read access to every lock (Authorization: Bearer <token>, or ?access_token=<token>)")
+			"the dashboard needs a valid bearer token with read access to every lock (Authorization: Bearer <token>)")
 		return false
 	}
 	if !id.Allows(auth.Read, "") {
@@ -284,29 +318,46 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// preflight answers the CORS preflight a browser sends before a
+// cross-origin request with an Authorization header: a page served by
+// another member asks whether it may send its token here. It carries no
+// token itself and is never authenticated; a page of an origin that is not
+// a member's gets no CORS headers, so its browser sends nothing.
+func (h *handler) preflight(w http.ResponseWriter, r *http.Request) {
+	if h.allowOrigin(w, r) {
+		hd := w.Header()
+		hd.Set("Access-Control-Allow-Methods", "GET")
+		hd.Set("Access-Control-Allow-Headers", "Authorization")
+		hd.Set("Access-Control-Max-Age", "600")
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
 // allowOrigin lets a page served by another member of this cluster read
 // this member's stream (CORS): the page follows the cluster from member to
 // member when one dies. Only the origins of the members' published HTTP
 // addresses are allowed, so an unrelated web site open in the operator's
-// browser cannot read the lock table.
-func (h *handler) allowOrigin(w http.ResponseWriter, r *http.Request) {
+// browser cannot read the lock table. It reports whether it allowed the
+// request's origin.
+func (h *handler) allowOrigin(w http.ResponseWriter, r *http.Request) bool {
 	origin := r.Header.Get("Origin")
 	if origin == "" {
-		return
+		return false
 	}
 	w.Header().Add("Vary", "Origin")
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	cs, err := h.hub.src.Cluster(ctx)
 	if err != nil {
-		return
+		return false
 	}
 	for _, m := range cs.Members {
 		if o := originOf(m.HTTPAddr); o != "" && strings.EqualFold(o, origin) {
 			w.Header().Set("Access-Control-Allow-Origin", origin)
-			return
+			return true
 		}
 	}
+	return false
 }
 
 // originOf returns scheme://host[:port] of an http(s) URL, or "".

@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -100,6 +103,7 @@ func TestStaticAssets(t *testing.T) {
 	for path, want := range map[string]string{
 		"/ui/":            "text/html",
 		"/ui/app.js":      "javascript",
+		"/ui/net.js":      "javascript",
 		"/ui/style.css":   "text/css",
 		"/ui/favicon.svg": "image/svg+xml",
 	} {
@@ -118,8 +122,8 @@ func TestStaticAssets(t *testing.T) {
 		if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") {
 			t.Errorf("%s: Content-Security-Policy %q", path, csp)
 		}
-		if path == "/ui/" && !strings.Contains(string(body), `src="app.js"`) {
-			t.Errorf("index does not load app.js:\n%s", body)
+		if path == "/ui/" && (!strings.Contains(string(body), `src="app.js"`) || !strings.Contains(string(body), `src="net.js"`)) {
+			t.Errorf("index does not load app.js and net.js:\n%s", body)
 		}
 	}
 
@@ -413,8 +417,9 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 	}
 }
 
-func TestAuth(t *testing.T) {
-	defer goleak.VerifyNone(t)
+// testStore: ops may read every lock, billing administers billing/ only.
+func testStore(t *testing.T) *auth.Store {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "tokens.json")
 	if err := os.WriteFile(path, []byte(`{"tokens": [
 	  {"name": "ops", "token": "ops-token-0123456789", "permissions": [{"prefix": "", "access": "read"}]},
@@ -426,8 +431,13 @@ func TestAuth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return store
+}
+
+func TestAuth(t *testing.T) {
+	defer goleak.VerifyNone(t)
 	cfg := testConfig()
-	cfg.auth = store
+	cfg.auth = testStore(t)
 	srv := httptest.NewServer(newHandler(newFake(), nil, cfg))
 	defer srv.Close()
 	client := &http.Client{Timeout: 5 * time.Second}
@@ -472,7 +482,7 @@ func TestAuth(t *testing.T) {
 		if resp.Header.Get("Access-Control-Allow-Origin") != "http://127.0.0.1:7170" {
 			t.Errorf("%s: 401 without the CORS header", path)
 		}
-		if resp, body := get(path+"?access_token=wrong-token-0123456789", "", ""); resp.StatusCode != 401 {
+		if resp, body := get(path, "wrong-token-0123456789", ""); resp.StatusCode != 401 {
 			t.Errorf("%s with a wrong token: %d %s", path, resp.StatusCode, body)
 		}
 		// Admin on a prefix is not read access to every lock.
@@ -482,8 +492,123 @@ func TestAuth(t *testing.T) {
 		if resp, body := get(path, "ops-token-0123456789", ""); resp.StatusCode != 200 || !strings.Contains(body, `"leader_id":"n1"`) {
 			t.Errorf("%s with the header: %d %s", path, resp.StatusCode, body)
 		}
-		if resp, body := get(path+"?access_token=ops-token-0123456789", "", ""); resp.StatusCode != 200 || !strings.Contains(body, `"leader_id":"n1"`) {
-			t.Errorf("%s with ?access_token: %d %s", path, resp.StatusCode, body)
+		// A token in the URL is refused, valid or not, with or without the
+		// header, and names the header to use instead.
+		for _, c := range []struct{ query, header string }{
+			{"?access_token=ops-token-0123456789", ""},
+			{"?access_token=ops-token-0123456789", "ops-token-0123456789"},
+			{"?access_token=", "ops-token-0123456789"},
+			{"?x=1&access%5Ftoken=ops-token-0123456789", ""},
+		} {
+			resp, body := get(path+c.query, c.header, "")
+			if resp.StatusCode != 400 || !strings.Contains(body, api.CodeInvalidArgument) || !strings.Contains(body, "Authorization: Bearer") {
+				t.Errorf("%s%s (header %q): %d %s, want 400 naming the Authorization header", path, c.query, c.header, resp.StatusCode, body)
+			}
+			if strings.Contains(body, "ops-token") {
+				t.Errorf("%s%s: the refusal echoes the token: %s", path, c.query, body)
+			}
+		}
+		// No other query parameter carries a token either: only the header
+		// authenticates.
+		for _, q := range []string{"?token=", "?access-token=", "?bearer=", "?authorization=Bearer+", "?Access_Token="} {
+			if resp, body := get(path+q+"ops-token-0123456789", "", ""); resp.StatusCode != 401 {
+				t.Errorf("%s%s<token> without the header: %d %s, want 401", path, q, resp.StatusCode, body)
+			}
+		}
+	}
+}
+
+// TestQueryTokenRefusedEverywhere: a token in the URL is refused on every
+// dashboard path, the page's included, and with authentication off too, so
+// that a script or bookmark still carrying one is noticed before tokens are
+// turned on.
+func TestQueryTokenRefusedEverywhere(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	h := newHandler(newFake(), nil, testConfig())
+	for _, path := range []string{"/ui/", "/ui/app.js", "/ui/snapshot", "/ui/events", "/ui/nope"} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path+"?access_token=secret-0123456789", nil))
+		if rec.Code != 400 || !strings.Contains(rec.Body.String(), "Authorization header") ||
+			rec.Header().Get("Cache-Control") != "no-store" {
+			t.Errorf("%s?access_token=: %d %q %s", path, rec.Code, rec.Header().Get("Cache-Control"), rec.Body)
+		}
+	}
+}
+
+// TestNoHandlerReadsTheQuery: the package's code looks at a request's query
+// in one function only, refuseQueryToken, so no handler can take a token
+// (or anything else) from the URL. It walks the package's non-test
+// sources for every way net/http offers to read the query.
+func TestNoHandlerReadsTheQuery(t *testing.T) {
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readers := map[string]bool{"Query": true, "RawQuery": true, "FormValue": true, "Form": true,
+		"ParseForm": true, "PostFormValue": true, "ParseMultipartForm": true, "FormFile": true}
+	seen := 0
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok {
+				continue
+			}
+			ast.Inspect(fn, func(n ast.Node) bool {
+				sel, ok := n.(*ast.SelectorExpr)
+				if !ok || !readers[sel.Sel.Name] {
+					return true
+				}
+				if fn.Name.Name == "refuseQueryToken" {
+					seen++
+					return true
+				}
+				t.Errorf("%s: %s reads the request's query (.%s); only refuseQueryToken may", fset.Position(sel.Pos()), fn.Name.Name, sel.Sel.Name)
+				return true
+			})
+		}
+	}
+	if seen == 0 {
+		t.Error("refuseQueryToken no longer reads the query: this test checks nothing")
+	}
+}
+
+// TestPreflight: a page served by another member sends its token in the
+// Authorization header, so its browser asks first (CORS preflight). Members'
+// origins may; any other origin gets no CORS headers, and its browser sends
+// nothing. The preflight itself needs no token.
+func TestPreflight(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	cfg := testConfig()
+	cfg.auth = testStore(t) // on: the preflight carries no token and must not need one
+	h := newHandler(newFake(), nil, cfg)
+	for _, path := range []string{"/ui/events", "/ui/snapshot"} {
+		for origin, allowed := range map[string]bool{
+			"http://127.0.0.1:7170": true,
+			"http://evil.example":   false,
+		} {
+			req := httptest.NewRequest("OPTIONS", path, nil)
+			req.Header.Set("Origin", origin)
+			req.Header.Set("Access-Control-Request-Method", "GET")
+			req.Header.Set("Access-Control-Request-Headers", "authorization")
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			hd := rec.Header()
+			if rec.Code != http.StatusNoContent {
+				t.Errorf("OPTIONS %s from %s: %d %s", path, origin, rec.Code, rec.Body)
+			}
+			got := hd.Get("Access-Control-Allow-Origin") == origin && hd.Get("Access-Control-Allow-Headers") == "Authorization" &&
+				hd.Get("Access-Control-Allow-Methods") == "GET"
+			if got != allowed || !allowed && hd.Get("Access-Control-Allow-Origin") != "" {
+				t.Errorf("OPTIONS %s from %s: allowed %v, want %v (headers %v)", path, origin, got, allowed, hd)
+			}
 		}
 	}
 }

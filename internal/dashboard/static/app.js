@@ -3,11 +3,15 @@
 // silent), it reconnects with backoff to the members it has learned, the
 // known leader first, and moves on to the new leader once one is elected, so
 // a page opened on a leader follows the leader.
+// The stream is read with fetch, not EventSource, so that the token travels
+// in the Authorization header and never in a URL (see net.js for the
+// framing and for which members may receive the token).
 // Every value from the server is written with textContent, never as HTML.
 'use strict';
 
 (function () {
   const $ = (id) => document.getElementById(id);
+  const { tokenAllowed, sseParser } = globalThis.lockdNet;
 
   const HOME = location.origin;
   const OPEN_TIMEOUT_MS = 5000; // a stream that sends nothing in this time is abandoned
@@ -17,7 +21,7 @@
     snap: null,
     offset: 0,          // serving member's clock minus the browser's clock, ms
     base: HOME,         // origin of the member whose stream is read
-    es: null,
+    stream: null,       // AbortController of the stream being read
     attempt: 0,
     lastEvent: 0,
     live: false,
@@ -101,28 +105,24 @@
     clearTimeout(st.retryTimer);
   }
 
-  // connect first asks the member for one snapshot (fetch shows what an
-  // EventSource hides: a 401 or 403 when authentication is on), then opens
-  // its event stream.
+  // connect first asks the member for one snapshot (a 401 or 403 when
+  // authentication is on shows there, before any stream), then opens its
+  // event stream.
   function connect(base) {
     clearTimers();
-    if (st.es) st.es.close();
-    st.es = null;
+    if (st.stream) st.stream.abort();
+    st.stream = null;
     st.base = base;
     st.live = false;
     const gen = ++st.gen; // results of an earlier attempt are ignored
     setConn('connecting', 'Connecting to ' + label(base) + '…');
     const ac = new AbortController();
     st.openTimer = setTimeout(() => ac.abort(), OPEN_TIMEOUT_MS);
-    fetch(withToken(base + '/ui/snapshot'), { cache: 'no-store', signal: ac.signal })
+    fetch(base + '/ui/snapshot', { headers: authHeaders(base), cache: 'no-store', signal: ac.signal })
       .then((resp) => {
         if (gen !== st.gen) return undefined;
         clearTimeout(st.openTimer);
-        if (resp.status === 401 || resp.status === 403) {
-          return resp.json().catch(() => ({})).then((body) => {
-            if (gen === st.gen) askToken(base, resp.status, body);
-          });
-        }
+        if (resp.status === 401 || resp.status === 403) return refused(base, gen, resp);
         if (!resp.ok) throw new Error('HTTP ' + resp.status);
         showTokenForm(false);
         openStream(base, gen);
@@ -133,22 +133,27 @@
       });
   }
 
+  // openStream reads the member's event stream until it ends, fails, goes
+  // silent (see the watchdog below) or another connection replaces it.
   function openStream(base, gen) {
-    let es;
-    try {
-      es = new EventSource(withToken(base + '/ui/events'));
-    } catch (e) {
-      fail(base, null);
-      return;
-    }
-    st.es = es;
+    const ac = new AbortController();
+    st.stream = ac;
+    const current = () => ac === st.stream && gen === st.gen;
     let got = false;
     st.openTimer = setTimeout(() => {
-      if (!got && es === st.es) fail(base, es);
+      if (!got && current()) fail(base, ac);
     }, OPEN_TIMEOUT_MS);
 
-    es.onmessage = (ev) => {
-      if (es !== st.es) return;
+    const parser = sseParser((ev) => {
+      if (!current()) return;
+      if (ev.type === 'ping') {
+        st.lastEvent = Date.now();
+        try {
+          st.offset = JSON.parse(ev.data).now - Date.now();
+        } catch (e) { /* keep the old offset */ }
+        return;
+      }
+      if (ev.type !== 'message') return;
       let snap;
       try {
         snap = JSON.parse(ev.data);
@@ -164,25 +169,41 @@
         st.live = true;
       }
       onSnapshot(snap);
-    };
-    es.addEventListener('ping', (ev) => {
-      if (es !== st.es) return;
-      st.lastEvent = Date.now();
-      try {
-        st.offset = JSON.parse(ev.data).now - Date.now();
-      } catch (e) { /* keep the old offset */ }
     });
-    // EventSource retries by itself, but only the same member: take over.
-    es.onerror = () => {
-      if (es === st.es && gen === st.gen) fail(base, es);
-    };
+
+    fetch(base + '/ui/events', { headers: authHeaders(base), cache: 'no-store', signal: ac.signal })
+      .then(async (resp) => {
+        if (!current()) return;
+        if (resp.status === 401 || resp.status === 403) { // the token was removed meanwhile
+          clearTimeout(st.openTimer);
+          await refused(base, gen, resp);
+          return;
+        }
+        if (!resp.ok || !resp.body) throw new Error('HTTP ' + resp.status);
+        const reader = resp.body.getReader();
+        const decoder = new TextDecoder();
+        for (;;) {
+          const { done, value } = await reader.read();
+          if (done) throw new Error('the stream ended');
+          if (!current()) return;
+          parser.push(decoder.decode(value, { stream: true }));
+        }
+      })
+      // Any end of a current stream is a failure: reconnect with backoff,
+      // to the next member (fail). Aborted streams are no longer current.
+      .catch(() => {
+        if (current()) fail(base, ac);
+      });
   }
 
   // ---- authentication -------------------------------------------------
 
   // With authentication on, the page needs a token with read access to
-  // every lock. It is kept for this tab only (sessionStorage) and sent as
-  // ?access_token=, since an EventSource cannot send headers.
+  // every lock. It is kept for this tab only (sessionStorage), sent in the
+  // Authorization header only (never in a URL: those end up in logs and
+  // history), and only to the members tokenAllowed admits (net.js): this
+  // page's own origin, https:// members from an https:// page, loopback
+  // members from a loopback http:// page.
   const TOKEN_KEY = 'lockd.dashboard.token';
 
   function token() {
@@ -193,9 +214,26 @@
     }
   }
 
-  function withToken(url) {
+  // authHeaders: the request headers for base. Without a token, none: the
+  // request stays a simple one, with no CORS preflight.
+  function authHeaders(base) {
     const t = token();
-    return t ? url + '?access_token=' + encodeURIComponent(t) : url;
+    return t && tokenAllowed(HOME, base) ? { Authorization: 'Bearer ' + t } : {};
+  }
+
+  // refused handles a 401 or 403: ask for a token, unless this member is
+  // one the token may not be sent to; then asking is pointless, and the
+  // page moves on to another member.
+  function refused(base, gen, resp) {
+    return resp.json().catch(() => ({})).then((body) => {
+      if (gen !== st.gen) return;
+      if (!tokenAllowed(HOME, base)) {
+        fail(base, null, label(base) + ' needs a token, which this page sends only to ' +
+          (location.protocol === 'https:' ? 'https:// members' : 'its own member'));
+        return;
+      }
+      askToken(base, resp.status, body);
+    });
   }
 
   function showTokenForm(show) {
@@ -222,19 +260,22 @@
     connect(st.base);
   });
 
-  function fail(base, es) {
-    if (es) es.close();
-    if (es && es !== st.es) return;
-    st.es = null;
+  // fail gives up on base (its stream when stream is set) and tries the
+  // next member after a backoff; why, if set, says why base was left.
+  function fail(base, stream, why) {
+    if (stream) stream.abort();
+    if (stream && stream !== st.stream) return;
+    st.stream = null;
     st.live = false;
     st.following = true;
-    st.unreachable.set(base, st.snap && st.snap.cluster ? st.snap.cluster.term : 0);
+    // (A member left for a reason, one the token may not go to, answered.)
+    if (!why) st.unreachable.set(base, st.snap && st.snap.cluster ? st.snap.cluster.term : 0);
     const order = candidates(base);
     const next = order[st.attempt % order.length];
     const delay = Math.min(MAX_BACKOFF_MS, 200 * Math.pow(1.6, st.attempt)) * (0.8 + 0.4 * Math.random());
     st.attempt++;
     console.info('lockd dashboard: lost the stream from ' + base + '; next try ' + next + ' in ' + Math.round(delay) + ' ms');
-    setConn('lost', 'Lost ' + label(base) + ' · trying ' + label(next) + '…');
+    setConn('lost', (why || 'Lost ' + label(base)) + ' · trying ' + label(next) + '…');
     if (st.snap) render(st.snap); // mark the member unreachable
     clearTimers();
     st.retryTimer = setTimeout(() => connect(next), delay);
@@ -243,9 +284,9 @@
   // A stream that goes silent for longer than a few heartbeats is dead even
   // if the TCP connection looks open (a partition, a suspended laptop).
   setInterval(() => {
-    if (!st.es || !st.live || !st.snap) return;
+    if (!st.stream || !st.live || !st.snap) return;
     const limit = (st.snap.heartbeat_ms || 10000) * 2.5 + 2000;
-    if (Date.now() - st.lastEvent > limit) fail(st.base, st.es);
+    if (Date.now() - st.lastEvent > limit) fail(st.base, st.stream);
   }, 1000);
 
   // A member marked unreachable is probed (GET /healthz, an opaque
