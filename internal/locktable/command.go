@@ -53,6 +53,15 @@ type Command struct {
 	RaftAddr  string
 	HTTPAddr  string
 	Batch     []Command // OpBatch only; nesting is refused
+	// Owner is the identity the command acts for: the auth token's name,
+	// "" with auth off. Create session records it as the session's owner;
+	// acquire records it on the holder or waiter it makes and charges it
+	// for the per-owner quotas.
+	Owner string
+	// Quotas are the limits this command is checked against (acquire,
+	// create session), stamped by the leader from its configuration as it
+	// stamps Now: Apply never reads configuration either.
+	Quotas Quotas
 }
 
 // commandVersion is the first byte of every encoded command. A member that
@@ -71,6 +80,9 @@ const (
 	fRaftAddr
 	fHTTPAddr
 	fBatch
+	fOwner
+	fQuotas
+	fLast = fQuotas
 )
 
 // maxBatch bounds the number of commands in one batch entry.
@@ -118,6 +130,12 @@ func (c *Command) encode(w *writer) {
 	if len(c.Batch) > 0 {
 		mask |= fBatch
 	}
+	if c.Owner != "" {
+		mask |= fOwner
+	}
+	if c.Quotas != (Quotas{}) {
+		mask |= fQuotas
+	}
 	w.uvarint(mask)
 	if mask&fLock != 0 {
 		w.string(c.Lock)
@@ -152,6 +170,12 @@ func (c *Command) encode(w *writer) {
 			c.Batch[i].encode(w)
 		}
 	}
+	if mask&fOwner != 0 {
+		w.string(c.Owner)
+	}
+	if mask&fQuotas != 0 {
+		c.Quotas.encode(w)
+	}
 }
 
 // DecodeCommand parses bytes made by Encode. It bounds every length it reads
@@ -179,7 +203,7 @@ func decodeCommand(r *reader, allowBatch bool) Command {
 	}
 	c.Now = r.varint()
 	mask := r.uvarint()
-	if mask >= fBatch<<1 {
+	if mask >= fLast<<1 {
 		r.fail("unknown field")
 	}
 	if mask&fLock != 0 {
@@ -223,6 +247,12 @@ func decodeCommand(r *reader, allowBatch bool) Command {
 		for i := 0; i < n && r.err == nil; i++ {
 			c.Batch = append(c.Batch, decodeCommand(r, false))
 		}
+	}
+	if mask&fOwner != 0 {
+		c.Owner = r.string()
+	}
+	if mask&fQuotas != 0 {
+		c.Quotas = decodeQuotas(r)
 	}
 	return c
 }

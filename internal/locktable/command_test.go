@@ -47,7 +47,10 @@ func TestCommandRoundTrip(t *testing.T) {
 		{"batch of every op", lt.Command{Op: lt.OpBatch, Now: t0, Batch: everyOp()}},
 		{"empty batch", lt.Command{Op: lt.OpBatch, Now: t0}},
 		{"every field", lt.Command{Op: lt.OpAcquire, Now: -5, Lock: "l", ClientID: "c", SessionID: "s",
-			Token: 7, TTLms: -1, WaitMs: -2, MemberID: "m", RaftAddr: "r", HTTPAddr: "h"}},
+			Token: 7, TTLms: -1, WaitMs: -2, MemberID: "m", RaftAddr: "r", HTTPAddr: "h", Owner: "o",
+			Quotas: lt.Quotas{Sessions: 1, SessionsPerOwner: 2, Locks: 3, WaitersPerLock: 4, LocksPerSession: 5, LocksPerOwner: -6}}},
+		{"some quotas", lt.Command{Op: lt.OpCreateSession, SessionID: "s", TTLms: 1000, Owner: "tenant",
+			Quotas: lt.Quotas{Sessions: 100000, LocksPerOwner: math.MaxInt64}}},
 		{"zero command", lt.Command{Op: lt.OpRemoveMember}},
 		{"extremes", lt.Command{Op: lt.OpRenew, Now: math.MinInt64, Token: math.MaxUint64,
 			TTLms: math.MaxInt64, WaitMs: math.MinInt64}},
@@ -89,6 +92,10 @@ func TestCommandEncodingGolden(t *testing.T) {
 			"01" + "0b" + "00" + "8004" + "01" + "08" + "01" + "04" + "0173"},
 		// op 1, Now 0, mask ttl|wait = 0x30, ttl 100 (zigzag 200 = c8 01), wait -1 (01).
 		{"acquire numbers", lt.Command{Op: lt.OpAcquire, TTLms: 100, WaitMs: -1}, "01" + "01" + "00" + "30" + "c801" + "01"},
+		// op 1, Now 0, mask owner|quotas = 1<<10|1<<11 (uvarint 80 18), "o",
+		// quota mask sessions|locks-per-owner = 0x21, 1 (zigzag 02), -1 (01).
+		{"owner and quotas", lt.Command{Op: lt.OpAcquire, Owner: "o", Quotas: lt.Quotas{Sessions: 1, LocksPerOwner: -1}},
+			"01" + "01" + "00" + "8018" + "016f" + "21" + "02" + "01"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -146,9 +153,11 @@ func TestDecodeCommandRejects(t *testing.T) {
 		{"op 0", with(1, 0)},
 		{"op 12", with(1, 12)},
 		{"op 255", with(1, 255)},
-		{"unknown field bit", head(1, 1<<10)},
-		{"unknown field bit among known ones", raw(head(2, 1|1<<10), str("a"))},
+		{"unknown field bit", head(1, 1<<12)},
+		{"unknown field bit among known ones", raw(head(2, 1|1<<12), str("a"))},
 		{"highest field bit", head(1, 1<<63)},
+		{"unknown quota bit", raw(head(1, 1<<11), uv(1<<6))},
+		{"quota value missing", raw(head(1, 1<<11), uv(1))},
 		{"overlong uvarint", raw([]byte{1, 1, 0}, bytes.Repeat([]byte{0xff}, 11))},
 		{"nested batch", encode(lt.Command{Op: lt.OpBatch, Batch: []lt.Command{
 			{Op: lt.OpBatch, Batch: []lt.Command{rmMember("x", 0)}}}})},
@@ -234,6 +243,14 @@ func TestNames(t *testing.T) {
 		{lt.CodeNotHolder.String(), "not_holder"},
 		{lt.CodeSessionExpired.String(), "session_expired"},
 		{lt.CodeInvalid.String(), "invalid"},
+		{lt.CodeResourceExhausted.String(), "resource_exhausted"},
+		{lt.QuotaSessions.String(), "max-sessions"},
+		{lt.QuotaSessionsPerOwner.String(), "max-sessions-per-token"},
+		{lt.QuotaLocks.String(), "max-locks"},
+		{lt.QuotaWaitersPerLock.String(), "max-waiters-per-lock"},
+		{lt.QuotaLocksPerSession.String(), "max-locks-per-session"},
+		{lt.QuotaLocksPerOwner.String(), "max-locks-per-token"},
+		{lt.Quota(0).String(), "none"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %q, want %q", tc.got, tc.want)

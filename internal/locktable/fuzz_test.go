@@ -14,9 +14,9 @@ import (
 func busySnapshot() []byte {
 	tb := lt.New()
 	for _, c := range []lt.Command{
-		mkSess("sess-1", "worker-7", 15000, t0),
-		acqS("jobs/nightly", "worker-7", "sess-1", 30000, 0, t0),
-		acq("jobs/nightly", "worker-8", 1000, 5000, t0),
+		owned(mkSess("sess-1", "worker-7", 15000, t0), "tenant-a", lt.Quotas{}),
+		owned(acqS("jobs/nightly", "worker-7", "sess-1", 30000, 0, t0), "tenant-a", lt.Quotas{}),
+		owned(acq("jobs/nightly", "worker-8", 1000, 5000, t0), "tenant-b", lt.Quotas{}),
 		acqS("a", "worker-7", "sess-1", 0, 0, t0),
 		acq("b", "c1", 1000, 0, t0),
 		rel("b", "c1", 3, t0),
@@ -37,6 +37,8 @@ func FuzzDecodeCommand(f *testing.F) {
 		f.Add(encode(c))
 	}
 	f.Add(encode(lt.Command{Op: lt.OpBatch, Now: t0, Batch: everyOp()}))
+	f.Add(encode(owned(acqS("jobs/nightly", "worker-9", "sess-1", 0, 5000, t0), "tenant-a",
+		lt.Quotas{Sessions: 10, Locks: 5, WaitersPerLock: 1, LocksPerSession: 2, LocksPerOwner: 3})))
 	f.Add([]byte{})
 	busy := busySnapshot()
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -71,6 +73,9 @@ func FuzzDecodeCommand(f *testing.F) {
 		if err := checkInvariants(tb, prev); err != nil {
 			t.Fatalf("%v: %v", describe(c), err)
 		}
+		if err := lt.CheckCounters(tb); err != nil {
+			t.Fatalf("%v: %v", describe(c), err)
+		}
 	})
 }
 
@@ -81,6 +86,7 @@ func FuzzRestore(f *testing.F) {
 	f.Add(lt.New().Snapshot())
 	f.Add(busySnapshot())
 	f.Add([]byte("LOCKDSNP\x01"))
+	f.Add([]byte("LOCKDSNP\x02"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
@@ -94,6 +100,9 @@ func FuzzRestore(f *testing.F) {
 				t.Fatalf("error %v does not wrap ErrCorrupt", err)
 			}
 			return
+		}
+		if err := lt.CheckCounters(tb); err != nil {
+			t.Fatalf("restored: %v", err)
 		}
 		s := tb.Snapshot()
 		tb2, err := lt.Restore(s)
@@ -119,6 +128,9 @@ func FuzzRestore(f *testing.F) {
 		}
 		for _, s := range sortedSessions(tb) {
 			tb.Apply(expSess(s.ID, late))
+		}
+		if err := lt.CheckCounters(tb); err != nil {
+			t.Fatalf("after commands: %v", err)
 		}
 		tb.List("", 0)
 		tb.Stats()
