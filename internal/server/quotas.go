@@ -1,0 +1,50 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/lockd/lockd/internal/locktable"
+)
+
+// DefaultQuotas are the defaults of lockd's quota flags: generous enough
+// for the measured scale (one million held locks, a hundred thousand
+// waiters; see docs/BENCHMARKS.md) and the benchmarks, low enough that no
+// client can grow the replicated state until members run out of memory.
+// The per-token quotas are off by default: with several tenants on one
+// cluster, set them so that one cannot starve the rest.
+var DefaultQuotas = locktable.Quotas{
+	Sessions:        100_000,
+	Locks:           2_000_000, // about 1.7 GiB of leader memory at ~850 MiB per million held locks
+	WaitersPerLock:  10_000,
+	LocksPerSession: 10_000,
+}
+
+// stampQuotas writes this leader's configured quotas into the commands
+// that Apply checks them on, as Propose stamps the time: Apply reads no
+// configuration, so every member decides a command alike whatever its own
+// flags say (the leader's at the time of the proposal win).
+func (s *Server) stampQuotas(cmd *locktable.Command) {
+	switch cmd.Op {
+	case locktable.OpAcquire, locktable.OpCreateSession:
+		cmd.Quotas = s.cfg.Quotas
+	}
+}
+
+// validateQuotas refuses negative quotas (0 means no limit).
+func validateQuotas(q locktable.Quotas) error {
+	var errs []error
+	for _, x := range []struct {
+		quota locktable.Quota
+		v     int64
+	}{
+		{locktable.QuotaSessions, q.Sessions}, {locktable.QuotaSessionsPerOwner, q.SessionsPerOwner},
+		{locktable.QuotaLocks, q.Locks}, {locktable.QuotaWaitersPerLock, q.WaitersPerLock},
+		{locktable.QuotaLocksPerSession, q.LocksPerSession}, {locktable.QuotaLocksPerOwner, q.LocksPerOwner},
+	} {
+		if x.v < 0 {
+			errs = append(errs, fmt.Errorf("--%s %d: want 0 (no limit) or more", x.quota, x.v))
+		}
+	}
+	return errors.Join(errs...)
+}
