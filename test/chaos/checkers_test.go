@@ -39,7 +39,7 @@ type Report struct {
 	// Liveness and the promises beyond one request.
 	ExpiryChecked    int // observations of held locks checked against expires_at + grace
 	ExpiryPast       int // of them, made after the lock's expires_at
-	WaitsChecked     int // waits that ended untold or unanswered, checked for a visible grant
+	WaitsChecked     int // waits checked for a grant visible before they were told
 	LostChecked      int // Go-client grants whose Lost() time was compared with the next grant
 	RestoresChecked  int // forced restores with grants on both sides
 	KeepalivesPaused int // keepalives sent to a paused leader

@@ -208,7 +208,8 @@ const waiterSlack = time.Second
 // connection lives, when it happens (SPEC semantics 9: pushed, no polling),
 // and a wait is answered — granted, or wait_timeout — by its deadline
 // (semantics 4). A waiting acquire (wait > 0) fails this when, with no
-// fault that stops, kills or cuts off members overlapping it:
+// fault that stops, kills or cuts off members from a second before the
+// grant showed (or the wait's deadline) to a second before the answer:
 //   - it was answered wait_timeout, or got no answer at all until the
 //     client gave up on its own (its timeout, past the wait plus a second;
 //     not a reset, a 503 or the end of the run), and a linearizable read
@@ -259,19 +260,23 @@ func checkWaiterTold(h History, r *Report, v *violations) {
 		default:
 			continue
 		}
-		if d := overlapping(ds, a.Invoke, a.Return); len(d) > 0 {
-			continue
-		}
 		r.WaitsChecked++
+		// A fault that stops, kills or cuts off members between the grant
+		// showing and the answer excuses the wait: the member holding it
+		// may have been frozen, or deposed without knowing yet.
+		quiet := func(from int64) bool {
+			return len(overlapping(ds, from-int64(waiterSlack), a.Return-int64(waiterSlack))) == 0
+		}
 		k := key{a.Lock, a.ClientID}
 		var ev *Op
 		for i, rd := range reads[k] {
 			if rd.Invoke >= a.Invoke && rd.Return+int64(waiterSlack) <= a.Return && !knownBefore(k, rd.OutToken, a.Invoke) &&
-				(a.Outcome != Ok || rd.OutToken == a.OutToken) {
+				(a.Outcome != Ok || rd.OutToken == a.OutToken) && quiet(rd.Invoke) {
 				ev = &reads[k][i]
 				break
 			}
 		}
+		silent = silent && quiet(a.Invoke+int64(wait))
 		switch {
 		case ev != nil && a.Outcome == Ok:
 			v.add("waiter-told", []int{a.ID, ev.ID},
@@ -485,27 +490,35 @@ func checkTokenReissue(h History, gs map[uint64]*grant, r *Report, v *violations
 // answered a write as leader while it was paused, was acknowledged by a
 // deposed leader.
 func checkKeepalives(h History, r *Report, v *violations) {
-	for _, op := range h.Ops {
-		if op.Kind != KindKeepalive {
+	for _, f := range h.Faults {
+		if f.Kind != FaultPauseLeader || len(f.Targets) == 0 {
 			continue
 		}
-		for _, f := range h.Faults {
-			if f.Kind != FaultPauseLeader || len(f.Targets) == 0 || f.Targets[0] != op.Node ||
-				op.Invoke < f.Start || op.Invoke >= f.Healed {
+		newLeader := f.Start + f.Failover
+		deposed := f.Failover != 0 && f.FailoverBy != "" && f.FailoverBy != f.Targets[0] && newLeader < f.Healed
+		var acked []Op
+		for _, op := range h.Ops {
+			if op.Kind != KindKeepalive || op.Node != f.Targets[0] || op.Invoke < f.Start || op.Invoke >= f.Healed {
 				continue
 			}
 			r.KeepalivesPaused++
-			newLeader := f.Start + f.Failover
 			// Acknowledged within an election timeout of waking: too soon
 			// for the member to have been elected again meanwhile.
-			if op.Outcome != Ok || f.Failover == 0 || f.FailoverBy == "" || f.FailoverBy == op.Node ||
-				newLeader >= f.Healed || op.Return <= f.Healed || op.Return > f.Healed+int64(electionTimeout(h)) {
-				continue
+			if deposed && op.Outcome == Ok && op.Return > f.Healed && op.Return <= f.Healed+int64(electionTimeout(h)) {
+				acked = append(acked, op)
 			}
-			v.add("keepalive-deposed", []int{op.ID},
-				"session %s: a keepalive sent at %s to %s, paused in [%s, %s], was acknowledged (200) at %s, though %s answered writes as leader from %s: a deposed leader extended a lease",
-				op.ClientID, ms(op.Invoke), op.Node, ms(f.Start), ms(f.Healed), ms(op.Return), f.FailoverBy, ms(newLeader))
 		}
+		if len(acked) == 0 {
+			continue
+		}
+		first := acked[0]
+		ids := []int{first.ID}
+		if len(acked) > 1 {
+			ids = append(ids, acked[len(acked)-1].ID)
+		}
+		v.add("keepalive-deposed", ids,
+			"session %s: %d keepalives sent to %s while it was paused in [%s, %s] (the first at %s) were acknowledged (200) when it woke, from %s, though %s answered writes as leader from %s: a deposed leader extended a lease",
+			first.ClientID, len(acked), f.Targets[0], ms(f.Start), ms(f.Healed), ms(first.Invoke), ms(first.Return), f.FailoverBy, ms(newLeader))
 	}
 }
 

@@ -67,7 +67,8 @@ type Nemesis struct {
 func NewNemesis(c *Cluster, rec *Recorder, seed uint64, kinds []string) *Nemesis {
 	return &Nemesis{c: c, rec: rec, rng: rand.New(rand.NewPCG(seed, 7)), kinds: kinds,
 		quiet: 700 * time.Millisecond, hc: &http.Client{},
-		direct: &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+		direct: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16},
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
 // Run injects faults until ctx ends. The schedule cycles through the kinds
@@ -256,6 +257,7 @@ func (n *Nemesis) inject(ctx context.Context, kind string) (f Fault) {
 	case FaultPauseLeader:
 		f.Targets = []string{name(leader)}
 		sess := n.openSession(leader)
+		n.warm(leader, 8)
 		d := jitter(n.rng, 1500*time.Millisecond, 4*time.Second)
 		n.c.Pause(leader)
 		startProbe()
@@ -343,6 +345,22 @@ func (n *Nemesis) openSession(i int) string {
 		return ""
 	}
 	return sr.SessionID
+}
+
+// warm opens k idle connections to member i, so requests sent to it while
+// it is paused are read as soon as it wakes (not first accepted).
+func (n *Nemesis) warm(i, k int) {
+	var wg sync.WaitGroup
+	for j := 0; j < k; j++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, _, _ = n.send(ctx, http.MethodGet, n.c.slots[i].url()+"/healthz", nil)
+		}()
+	}
+	wg.Wait()
 }
 
 // keepalivesWhilePaused sends keepalives of session sess to the paused

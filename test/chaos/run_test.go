@@ -265,7 +265,7 @@ func summarize(cfg runConfig, h History, rep *Report, nem *Nemesis, c *Cluster, 
 		rep.LinOps, rep.LinPartitions, rep.LinResult, rep.LinTime.Round(time.Millisecond))
 	fmt.Fprintf(&b, "expiry: %d observations of held locks checked against expires_at + %s + 1s (%d made after expires_at)\n",
 		rep.ExpiryChecked, electionTimeout(h), rep.ExpiryPast)
-	fmt.Fprintf(&b, "waiters: %d waits that ended untold or unanswered checked for a visible grant; Go client: %d grants' Lost() compared with the next grant\n",
+	fmt.Fprintf(&b, "waiters: %d waits checked for a grant visible a second before they were told; Go client: %d grants' Lost() compared with the next grant\n",
 		rep.WaitsChecked, rep.LostChecked)
 	fmt.Fprintf(&b, "restores: %d forced restores with grants on both sides; keepalives: %d sent to a paused leader; member additions refused: %d tried\n",
 		rep.RestoresChecked, rep.KeepalivesPaused, rep.MemberAdds)
