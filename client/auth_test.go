@@ -161,6 +161,27 @@ func testRestoreRedirect(t *testing.T, readBody bool) {
 	}
 }
 
+// TestSnapshotRestoreMinToken: WithMinToken reaches the leader as
+// min_token, next to force.
+func TestSnapshotRestoreMinToken(t *testing.T) {
+	s := newBackupServers(t, []byte("backup"), false)
+	a, err := client.NewAPI(client.APIConfig{Endpoints: []string{s.follower.URL}, Token: "admin-secret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SnapshotRestore(t.Context(), bytes.NewReader([]byte("backup")), true, client.WithMinToken(5000)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SnapshotRestore(t.Context(), bytes.NewReader([]byte("backup")), false, client.WithMinToken(0)); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.queries) != 2 || s.queries[0] != "force=true&min_token=5000" || s.queries[1] != "" {
+		t.Fatalf("queries %q", s.queries)
+	}
+}
+
 func TestSnapshotSaveFollowsRedirect(t *testing.T) {
 	backup := bytes.Repeat([]byte{0, 1, 2, 0xff}, 100_000)
 	s := newBackupServers(t, backup, false)

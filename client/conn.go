@@ -38,9 +38,10 @@ const maxLeaderHops = 3
 
 // connect finds the leader and establishes (or resumes) the session,
 // retrying rounds over the endpoints with backoff until ctx is done. When
-// first is set (New), a refused token ends it at once; a reconnect keeps
-// trying, since the token may be accepted again after a reload, and the
-// session's lease decides meanwhile.
+// first is set (New), a refused token or a redirect refused for good
+// (isFatalHop) ends it at once; a reconnect keeps trying, since the token
+// may be accepted again after a reload, and the session's lease decides
+// meanwhile.
 func (c *Client) connect(ctx context.Context, first bool) (*wsConn, error) {
 	bo := newBackoff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
 	for {
@@ -48,12 +49,14 @@ func (c *Client) connect(ctx context.Context, first bool) (*wsConn, error) {
 		if cs != nil {
 			return cs, nil
 		}
-		if errors.Is(err, ErrClosed) || (first && isAuthError(err)) {
+		if errors.Is(err, ErrClosed) || (first && (isAuthError(err) || isFatalHop(err))) {
 			return nil, err
 		}
 		wait := bo.next()
 		if isAuthError(err) {
 			c.log.Warn("lockd: the cluster refuses the token, retrying", "err", err, "wait", wait)
+		} else if isFatalHop(err) {
+			c.log.Warn("lockd: a member redirects outside the cluster, retrying", "err", err, "wait", wait)
 		} else {
 			c.log.Info("lockd: no leader reachable, retrying", "err", err, "wait", wait)
 		}
@@ -75,7 +78,7 @@ func (c *Client) connectRound(ctx context.Context) (*wsConn, error) {
 			if cs != nil {
 				return cs, nil
 			}
-			if errors.Is(err, ErrClosed) || isAuthError(err) {
+			if errors.Is(err, ErrClosed) || isAuthError(err) || isFatalHop(err) {
 				return nil, err
 			}
 			lastErr = err
@@ -114,11 +117,13 @@ func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next s
 				}
 				return nil, "", fmt.Errorf("%s: %w", base, replyError(resp.StatusCode, b, "WebSocket upgrade refused: HTTP "+resp.Status))
 			case http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
-				leader := resp.Header.Get(api.HeaderLeader)
-				if leader == "" {
-					if u, lerr := url.Parse(resp.Header.Get("Location")); lerr == nil && u.Host != "" {
-						leader = u.Scheme + "://" + u.Host
-					}
+				u, perr := url.Parse(wsURL(base))
+				if perr != nil {
+					return nil, "", perr
+				}
+				_, leader, herr := c.api.redirectTarget(u, resp.Header)
+				if herr != nil {
+					return nil, "", fmt.Errorf("%s: %w", base, herr)
 				}
 				return nil, leader, fmt.Errorf("%s: redirected to the leader %q", base, leader)
 			case http.StatusServiceUnavailable:
@@ -156,6 +161,12 @@ func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next s
 		se.Leader = m.Leader
 		switch se.API.Code {
 		case api.CodeNotLeader:
+			if m.Leader == "" {
+				return nil, "", fmt.Errorf("%s: %w", base, se)
+			}
+			if herr := c.api.leaderHop(base, m.Leader, true); herr != nil {
+				return nil, "", fmt.Errorf("%s: %w", base, herr)
+			}
 			return nil, m.Leader, fmt.Errorf("%s: %w", base, se)
 		case api.CodeSessionExpired:
 			if resume {
@@ -560,7 +571,11 @@ func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
 			c.sessionLostLocked(c.sess, fmt.Errorf("%w: the server ended the session", ErrSessionExpired), false)
 		case api.CodeNotLeader, api.CodeNoLeader:
 			if m.Leader != "" {
-				c.api.setLeader(m.Leader)
+				if err := c.api.leaderHop(cs.base, m.Leader, true); err != nil {
+					c.log.Warn("lockd: not following the leader a member named", "err", err)
+				} else {
+					c.api.setLeader(m.Leader)
+				}
 			}
 			c.killLocked(cs, code)
 		default:

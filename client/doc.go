@@ -67,4 +67,9 @@
 // every request and on the WebSocket upgrade. A refused token gives errors
 // matching ErrUnauthenticated (401) or ErrPermissionDenied (403), which are
 // never retried.
+//
+// The token goes only to members of the cluster: the configured endpoints
+// and the leader one of them names (X-Lockd-Leader, or the leader of a
+// WebSocket not_leader reply). Other redirects, and any from https to http,
+// are not followed (ErrUntrustedRedirect).
 package client

@@ -56,6 +56,16 @@ var (
 	// lock either way; a history of grants must count the attempt as
 	// possibly granted.
 	ErrMaybeGrantedLost = errors.New("lockd: an earlier send of this acquire may have been granted and lost while the client was away")
+
+	// ErrUntrustedRedirect: a member sent the client (a 307, or a
+	// WebSocket not_leader reply) where it does not send its token: to a
+	// host that is neither a configured endpoint nor a leader one of them
+	// named, or from https to http. Nothing was sent there. A configured
+	// endpoint's redirect, or one from https to http, is refused at once
+	// (the error matches this); a redirect onward from a leader reached
+	// through a redirect is retried via the configured endpoints, so the
+	// call ends with ErrNoLeader if no member leads to a trusted leader.
+	ErrUntrustedRedirect = errors.New("lockd: untrusted redirect")
 )
 
 // ServerError is an error reply from lockd. It matches the sentinel of its

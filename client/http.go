@@ -46,6 +46,9 @@ type APIConfig struct {
 // It follows leader redirects (307, re-sending the body), remembers the
 // leader, and retries a 503 no_leader or an unreachable member on the other
 // endpoints with backoff until ctx is done. 401 and 403 are not retried.
+// A redirect is followed only within the cluster: to a configured endpoint
+// or to a leader a configured endpoint named (X-Lockd-Leader), and never
+// from https to http; others give ErrUntrustedRedirect (see there).
 // Safe for concurrent use.
 type API struct {
 	endpoints []string
@@ -54,8 +57,14 @@ type API struct {
 	log       *slog.Logger
 	min, max  time.Duration
 
+	// configured holds the origins of endpoints; with named (leaders a
+	// configured endpoint named), the members redirects may lead to. See
+	// leaderHop.
+	configured map[string]bool
+
 	mu     sync.Mutex
-	leader string // last known leader base URL, tried first
+	leader string          // last known leader base URL, tried first
+	named  map[string]bool // origins
 }
 
 // NewAPI returns an API for the given endpoints.
@@ -78,9 +87,11 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		cfg.MaxBackoff = max(2*time.Second, cfg.MinBackoff)
 	}
-	a := &API{hc: noRedirect(cfg.HTTPClient), token: cfg.Token, log: cfg.Logger, min: cfg.MinBackoff, max: cfg.MaxBackoff}
+	a := &API{hc: noRedirect(cfg.HTTPClient), token: cfg.Token, log: cfg.Logger, min: cfg.MinBackoff, max: cfg.MaxBackoff,
+		configured: make(map[string]bool), named: make(map[string]bool)}
 	for _, e := range cfg.Endpoints {
 		a.endpoints = append(a.endpoints, normalizeEndpoint(e))
+		a.configured[origin(e)] = true
 	}
 	return a, nil
 }
@@ -306,25 +317,19 @@ func (a *API) try(ctx context.Context, r *request, u string) (err error, retry b
 		}
 		switch {
 		case resp.StatusCode == http.StatusTemporaryRedirect || resp.StatusCode == http.StatusPermanentRedirect:
-			loc, lerr := resp.Location()
-			leader := resp.Header.Get(api.HeaderLeader)
-			if lerr != nil {
-				if leader == "" {
-					return fmt.Errorf("%s %s: redirect without Location", method, u), true
+			next, leader, herr := a.redirectTarget(req.URL, resp.Header)
+			if herr != nil {
+				if isFatalHop(herr) {
+					a.log.Warn("lockd: redirect refused", "err", herr)
+					return fmt.Errorf("%s %s: %w", method, u, herr), false
 				}
-				loc, lerr = url.Parse(leader + req.URL.RequestURI())
-				if lerr != nil {
-					return fmt.Errorf("%s %s: bad leader %q", method, u, leader), true
-				}
-			}
-			if leader == "" {
-				leader = loc.Scheme + "://" + loc.Host
+				return fmt.Errorf("%s %s: %w", method, u, herr), true
 			}
 			a.setLeader(leader)
 			if hop >= maxRedirects {
 				return fmt.Errorf("%s %s: too many redirects", method, u), true
 			}
-			u = loc.String()
+			u = next
 			continue
 		case resp.StatusCode >= 200 && resp.StatusCode < 300:
 			a.setLeader(req.URL.Scheme + "://" + req.URL.Host)
@@ -449,17 +454,59 @@ func (a *API) Status(ctx context.Context, name string, stale bool) (*api.LockSta
 	return &rep, nil
 }
 
-// List reads every lock whose name starts with prefix.
+// List reads every lock whose name starts with prefix, in name order,
+// page after page (see ListPage) until the last. Each page is a
+// linearizable read of its own, so a list of several pages is not one
+// snapshot: a lock that changes meanwhile shows its state when its page was
+// read, and one created or dropped meanwhile may be missing or present.
 func (a *API) List(ctx context.Context, prefix string) ([]api.LockStatus, error) {
-	p := "/api/v1/locks"
+	var out []api.LockStatus
+	after := ""
+	for {
+		page, err := a.ListPage(ctx, prefix, after, 0)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page.Locks...)
+		if page.Next == "" {
+			return out, nil
+		}
+		after = page.Next
+	}
+}
+
+// ListPage reads one page of the locks whose name starts with prefix, in
+// name order: those after the name after ("" for the first page), at most
+// limit of them (0: the server's default, 1000; lockd takes 1–10 000). The
+// reply's Next is the after of the next page, "" on the last one.
+func (a *API) ListPage(ctx context.Context, prefix, after string, limit int) (*api.LockList, error) {
+	if limit < 0 {
+		return nil, fmt.Errorf("lockd: list limit %d is negative", limit)
+	}
+	q := url.Values{}
 	if prefix != "" {
-		p += "?prefix=" + url.QueryEscape(prefix)
+		q.Set("prefix", prefix)
+	}
+	if after != "" {
+		q.Set("after", after)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	p := "/api/v1/locks"
+	if len(q) > 0 {
+		p += "?" + q.Encode()
 	}
 	var rep api.LockList
 	if err := a.do(ctx, http.MethodGet, p, nil, &rep); err != nil {
 		return nil, err
 	}
-	return rep.Locks, nil
+	// A next that does not move forward would have List ask for the same
+	// page for ever.
+	if rep.Next != "" && rep.Next <= after {
+		return nil, fmt.Errorf("lockd: list after %q: the server's next page starts at %q, which is not after it", after, rep.Next)
+	}
+	return &rep, nil
 }
 
 // CreateSession opens an HTTP session (0 ttl: the server default).
@@ -530,11 +577,29 @@ func (a *API) SnapshotSave(ctx context.Context, w io.Writer) (int64, error) {
 	return n, err
 }
 
+// RestoreOption tunes SnapshotRestore.
+type RestoreOption func(*restoreOptions)
+
+type restoreOptions struct {
+	minToken uint64
+}
+
+// WithMinToken raises the restored token counter to at least n, so that
+// every token issued after the restore is above n. Use it when the backup
+// is older than the last token the old cluster issued (restoring it into a
+// fresh cluster would otherwise issue tokens that resource servers have
+// already seen, and refuse as stale): pass at least the highest token in
+// use, e.g. the highest a fencing resource server has accepted. 0 (the
+// default) leaves the counter as the restore makes it.
+func WithMinToken(n uint64) RestoreOption {
+	return func(o *restoreOptions) { o.minToken = n }
+}
+
 // SnapshotRestore replaces the cluster's state with the backup read from r
 // (POST /api/v1/snapshot/restore; needs an admin token when auth is on).
 // Without force only a fresh cluster (no lock, session or token issued yet)
 // takes it; otherwise the error is a 400 invalid_argument ServerError.
-// Either way the token counter never goes down.
+// Either way the token counter never goes down; WithMinToken raises it.
 //
 // The body must be sent again when a follower redirects to the leader or a
 // member is unreachable. When r is an io.ReaderAt and an io.Seeker (an
@@ -544,14 +609,25 @@ func (a *API) SnapshotSave(ctx context.Context, w io.Writer) (int64, error) {
 // SnapshotRestore returns. Any other reader is read into memory first. The
 // body is sent with "Expect: 100-continue", so a member that redirects or
 // refuses the request does not receive it.
-func (a *API) SnapshotRestore(ctx context.Context, r io.Reader, force bool) error {
+func (a *API) SnapshotRestore(ctx context.Context, r io.Reader, force bool, opts ...RestoreOption) error {
+	var o restoreOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	body, err := replayable(r)
 	if err != nil {
 		return fmt.Errorf("lockd: reading the backup: %w", err)
 	}
-	p := "/api/v1/snapshot/restore"
+	q := url.Values{}
 	if force {
-		p += "?force=true"
+		q.Set("force", "true")
+	}
+	if o.minToken > 0 {
+		q.Set("min_token", strconv.FormatUint(o.minToken, 10))
+	}
+	p := "/api/v1/snapshot/restore"
+	if len(q) > 0 {
+		p += "?" + q.Encode()
 	}
 	var rep struct {
 		Restored bool `json:"restored"`

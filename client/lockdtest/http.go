@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -180,11 +182,30 @@ func (m *member) status(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, st)
 }
 
+// list serves one page, as lockd does: after is exclusive, limit 1–10 000
+// (default 1000), next is the last name of a page that has more after it.
 func (m *member) list(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit := 1000
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10_000 {
+			writeErr(w, api.CodeInvalidArgument, "limit must be a number from 1 to 10000")
+			return
+		}
+		limit = n
+	}
 	m.c.mu.Lock()
-	l := m.c.listLocked(r.URL.Query().Get("prefix"))
+	l := m.c.listLocked(q.Get("prefix"))
 	m.c.mu.Unlock()
-	writeJSON(w, 200, api.LockList{Locks: l})
+	after := q.Get("after")
+	i := sort.Search(len(l), func(i int) bool { return l[i].Lock > after })
+	page := api.LockList{Locks: l[i:]}
+	if len(page.Locks) > limit {
+		page.Locks = page.Locks[:limit]
+		page.Next = page.Locks[limit-1].Lock
+	}
+	writeJSON(w, 200, page)
 }
 
 func (m *member) createSession(w http.ResponseWriter, r *http.Request) {

@@ -125,20 +125,44 @@ func (e *env) status(ctx context.Context, args []string) int {
 	return exitOK
 }
 
+// listPage is the most locks lockctl asks for in one request: the
+// server's default page.
+const listPage = 1000
+
 func (e *env) list(ctx context.Context, args []string) int {
-	fs := e.command("list", "list [--prefix P]")
+	fs := e.command("list", "list [--prefix P] [--limit N] [--after NAME]")
 	prefix := fs.String("prefix", "", "only locks whose name starts with P")
-	r, code := e.request(ctx, fs, args)
+	limit := fs.Int("limit", 0, "print at most N locks (0: all of them)")
+	after := fs.String("after", "", "start after the lock NAME (the next of a list cut by --limit)")
+	pos, code, ok := e.parse(fs, args)
+	if !ok {
+		return code
+	}
+	if *limit < 0 {
+		return usageErr(e.stderr, fmt.Errorf("list: --limit %d: want 0 (all) or more", *limit))
+	}
+	r, code := e.prepare(ctx, pos, 0)
 	if r == nil {
 		return code
 	}
 	defer r.cancel()
-	locks, err := r.api.List(r.ctx, *prefix)
-	if err != nil {
-		return e.fail(err, "list")
-	}
-	if locks == nil {
-		locks = []api.LockStatus{}
+	// Page through the server's pages until the last, or until --limit.
+	locks := []api.LockStatus{}
+	next := *after
+	for {
+		size := listPage
+		if *limit > 0 {
+			size = min(size, *limit-len(locks))
+		}
+		page, err := r.api.ListPage(r.ctx, *prefix, next, size)
+		if err != nil {
+			return e.fail(err, "list")
+		}
+		locks = append(locks, page.Locks...)
+		next = page.Next
+		if next == "" || (*limit > 0 && len(locks) >= *limit) {
+			break
+		}
 	}
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
@@ -151,7 +175,10 @@ func (e *env) list(ctx context.Context, args []string) int {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", l.Lock, holder, token, orDash(l.ExpiresAt), l.Waiters)
 	}
 	tw.Flush()
-	e.print(api.LockList{Locks: locks}, b.String())
+	e.print(api.LockList{Locks: locks, Next: next}, b.String())
+	if next != "" && !e.jsonOut() {
+		fmt.Fprintf(e.stderr, "lockctl: list: more locks follow; go on with --after %s\n", next)
+	}
 	return exitOK
 }
 

@@ -50,7 +50,10 @@ Commands:
   release NAME --token N                 release a lock held by --client-id
   renew NAME --token N [--ttl 30s]       extend a lock's TTL
   status NAME [--stale]                  show who holds a lock
-  list [--prefix P]                      list held or awaited locks
+  list [--prefix P] [--limit N] [--after NAME]
+                                         list held or awaited locks in name order: all of them,
+                                         or at most N (then the --after NAME that goes on is
+                                         printed on stderr); --after starts after NAME
   session create [--ttl 15s]             open an HTTP session; prints its id
   session keepalive ID                   refresh a session
   session delete ID                      end a session, releasing its locks
@@ -62,9 +65,13 @@ Commands:
                                          token counter to FILE (from the leader; admin token).
                                          Written to a temporary file beside FILE (mode 0600),
                                          then renamed over it; prints the bytes written.
-  snapshot restore FILE [--force]        load a backup into a fresh cluster (admin token).
+  snapshot restore FILE [--force] [--min-token N]
+                                         load a backup into a fresh cluster (admin token).
                                          A cluster that holds any state is refused unless
-                                         --force (which replaces it). Tokens never go down.
+                                         --force (which replaces it). Tokens never go down;
+                                         --min-token N raises the counter to at least N, so
+                                         every new token is above N: for a backup older than
+                                         the last token issued (pass the highest token in use).
   bench [--clients 16] [--locks 16] [--duration 10s] [--mode session|http]
         clients loop acquire → release; prints cycles/s and acquire/release latency
   keygen [--private F] [--public F] [--force]

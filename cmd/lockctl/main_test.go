@@ -122,6 +122,10 @@ func TestUsageAndVersion(t *testing.T) {
 		{[]string{"snapshot", "restore", "a", "b"}, exitUsage, `unexpected argument "b"`},
 		{[]string{"snapshot", "frob"}, exitUsage, "unknown subcommand"},
 		{[]string{"snapshot", "restore", "-h"}, exitOK, "-force"},
+		{[]string{"snapshot", "restore", "-h"}, exitOK, "-min-token"},
+		{[]string{"--help"}, exitOK, "--min-token N"},
+		{[]string{"list", "-h"}, exitOK, "-limit"},
+		{[]string{"list", "--limit", "-1"}, exitUsage, "--limit"},
 		{[]string{"status", "x", "--cert", "c.pem"}, exitUsage, "--cert and --key go together"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -25,13 +25,14 @@ func (e *env) snapshot(ctx context.Context, args []string) int {
 		}
 		return e.snapshotSave(ctx, pos[0])
 	case "restore":
-		fs := e.command("snapshot restore", "snapshot restore FILE [--force]")
+		fs := e.command("snapshot restore", "snapshot restore FILE [--force] [--min-token N]")
 		force := fs.Bool("force", false, "replace the state of a cluster that already holds locks, sessions or tokens")
+		minToken := fs.Uint64("min-token", 0, "raise the restored token counter to at least N: every new token is above N (for a backup older than the last token issued)")
 		pos, code, ok := e.parse(fs, args, "FILE")
 		if !ok {
 			return code
 		}
-		return e.snapshotRestore(ctx, pos[0], *force)
+		return e.snapshotRestore(ctx, pos[0], *force, *minToken)
 	default:
 		return usageErr(e.stderr, fmt.Errorf("snapshot: unknown subcommand %q (want save or restore)", sub))
 	}
@@ -95,7 +96,8 @@ func (e *env) snapshotSave(ctx context.Context, path string) int {
 
 // snapshotRestore sends the backup file to the leader. The file is read in
 // place for each send (see client.API.SnapshotRestore), not into memory.
-func (e *env) snapshotRestore(ctx context.Context, path string, force bool) int {
+// minToken > 0 raises the restored token counter to at least minToken.
+func (e *env) snapshotRestore(ctx context.Context, path string, force bool, minToken uint64) int {
 	a, err := e.api()
 	if err != nil {
 		return e.setupFailed(err)
@@ -113,7 +115,7 @@ func (e *env) snapshotRestore(ctx context.Context, path string, force bool) int 
 	}
 	ctx, cancel := e.ctx(ctx, 0)
 	defer cancel()
-	if err := a.SnapshotRestore(ctx, f, force); err != nil {
+	if err := a.SnapshotRestore(ctx, f, force, client.WithMinToken(minToken)); err != nil {
 		var se *client.ServerError
 		if errors.As(err, &se) && se.API.Code == api.CodeInvalidArgument && strings.HasPrefix(se.API.Message, api.MsgRestoreNotEmpty) {
 			fmt.Fprintf(e.stderr, "lockctl: snapshot restore %s: refused: the cluster already holds state (locks, sessions or issued tokens); "+
@@ -122,7 +124,10 @@ func (e *env) snapshotRestore(ctx context.Context, path string, force bool) int 
 		}
 		return e.fail(err, "snapshot restore "+path)
 	}
-	e.print(map[string]any{"restored": true, "file": path, "bytes": fi.Size(), "force": force},
-		fmt.Sprintf("restored %s (%d bytes)", path, fi.Size()))
+	text := fmt.Sprintf("restored %s (%d bytes)", path, fi.Size())
+	if minToken > 0 {
+		text += fmt.Sprintf("; new tokens are above %d", minToken)
+	}
+	e.print(map[string]any{"restored": true, "file": path, "bytes": fi.Size(), "force": force, "min_token": minToken}, text)
 	return exitOK
 }
