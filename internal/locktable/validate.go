@@ -31,6 +31,7 @@ func (c *Command) validate(top bool) error {
 	}{
 		{"lock", c.Lock}, {"client_id", c.ClientID}, {"session_id", c.SessionID},
 		{"member_id", c.MemberID}, {"raft_addr", c.RaftAddr}, {"http_addr", c.HTTPAddr},
+		{"owner", c.Owner},
 	} {
 		if len(f.v) > maxString {
 			return fmt.Errorf("%w: %s of %s is %d bytes, the log format's limit is %d",
