@@ -22,7 +22,12 @@ const (
 	CodePermissionDenied = "permission_denied"
 	CodeInternal         = "internal"
 	CodeStaleToken       = "stale_token" // fencestore
+	CodeMethodNotAllowed = "method_not_allowed"
 )
+
+// CodeResourceExhausted (429): a quota is used up; the message names the
+// quota and its value. Nothing changed; retry once something was released.
+const CodeResourceExhausted = "resource_exhausted"
 
 // MsgRestoreNotEmpty starts the invalid_argument message of a snapshot
 // restore refused because the cluster already holds state (without force);
@@ -42,8 +47,12 @@ func Status(code string) int {
 		return 503
 	case CodePayloadTooLarge:
 		return 413
+	case CodeResourceExhausted:
+		return 429
 	case CodeUnauthenticated:
 		return 401
+	case CodeMethodNotAllowed:
+		return 405
 	case CodePermissionDenied:
 		return 403
 	default:
@@ -77,6 +86,14 @@ const (
 	MaxBodyBytes      = 64 << 10
 	DefaultLockTTLms  = 30_000
 	DefaultSessionTTL = 15_000
+)
+
+// More limits: list pages, and a member's raft_addr and http_addr (a DNS
+// name of 253 bytes, a port and a URL scheme fit with room to spare).
+const (
+	MaxListLimit     = 10_000
+	DefaultListLimit = 1000
+	MaxMemberAddr    = 512
 )
 
 // TimeFormat is RFC 3339 in UTC with milliseconds, the SPEC's expires_at.
@@ -146,7 +163,9 @@ type RenewReply struct {
 }
 
 // LockStatus is the reply of GET /api/v1/locks/{name} and an element of
-// LockList.
+// LockList. lockd never sets SessionID: a session id is a capability,
+// shown only to the identity that created the session (SPEC semantics 11);
+// the field stays for clients built against older servers.
 type LockStatus struct {
 	Lock         string `json:"lock"`
 	Held         bool   `json:"held"`
@@ -157,9 +176,12 @@ type LockStatus struct {
 	Waiters      int    `json:"waiters"`
 }
 
-// LockList is the reply of GET /api/v1/locks?prefix=p.
+// LockList is the reply of GET /api/v1/locks?prefix=p&limit=n&after=name:
+// one page of locks in name order. Next is the name to pass as after for
+// the next page, "" on the last page.
 type LockList struct {
 	Locks []LockStatus `json:"locks"`
+	Next  string       `json:"next"`
 }
 
 // SessionRequest is the body of POST /api/v1/sessions.

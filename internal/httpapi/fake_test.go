@@ -94,7 +94,7 @@ func (f *fakeBackend) View(fn func(t *locktable.Table)) {
 	defer f.mu.Unlock()
 	fn(f.table)
 }
-func (f *fakeBackend) Keepalive(id string) (int64, bool, error) {
+func (f *fakeBackend) Keepalive(_ context.Context, id string) (int64, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	ttl, ok := f.sessions[id]
@@ -125,7 +125,7 @@ func (f *fakeBackend) Status() api.NodeStatus {
 }
 func (f *fakeBackend) Readyz() (bool, string)                     { return f.Ready(), "" }
 func (f *fakeBackend) Backup(ctx context.Context) ([]byte, error) { return f.snapshot(), nil }
-func (f *fakeBackend) RestoreBackup(ctx context.Context, data []byte, force bool) error {
+func (f *fakeBackend) RestoreBackup(ctx context.Context, data []byte, _ RestoreOptions) error {
 	t, err := locktable.Restore(data)
 	if err != nil {
 		return err

@@ -50,8 +50,10 @@ type Backend interface {
 	// View runs fn on the local state under a read lock.
 	View(fn func(t *locktable.Table))
 	// Keepalive resets a session's TTL on the leader; ok false when the
-	// session is unknown.
-	Keepalive(sessionID string) (ttlMs int64, ok bool, err error)
+	// session is unknown or its expiry has been decided. It answers only
+	// after this member confirmed its leadership with a quorum, after the
+	// call began (SPEC semantics 10).
+	Keepalive(ctx context.Context, sessionID string) (ttlMs int64, ok bool, err error)
 	// Subscribe delivers committed events about a client.
 	Subscribe(clientID string) *notify.Sub
 	// NewSessionID returns a fresh, unguessable session id.
@@ -66,12 +68,22 @@ type Backend interface {
 	Status() api.NodeStatus
 	// Backup returns the encoded state (a linearizable read).
 	Backup(ctx context.Context) ([]byte, error)
-	// RestoreBackup replaces the state with a backup; without force only an
+	// RestoreBackup replaces the state with a backup; without Force only an
 	// empty cluster accepts it.
-	RestoreBackup(ctx context.Context, data []byte, force bool) error
+	RestoreBackup(ctx context.Context, data []byte, opt RestoreOptions) error
 	// Readyz reports whether a leader is known and this member's state is
 	// current, with a reason when not.
 	Readyz() (bool, string)
+}
+
+// RestoreOptions qualify a restore.
+type RestoreOptions struct {
+	// Force replaces a cluster that holds state.
+	Force bool
+	// MinToken raises the token counter of the restored state to at least
+	// this: restoring an old backup into a fresh cluster cannot know the
+	// tokens the old cluster issued after the backup was taken.
+	MinToken uint64
 }
 
 // Observer receives what the handlers measure (Prometheus in production).
@@ -101,7 +113,17 @@ type Config struct {
 	Extra map[string]http.Handler
 	// Pprof serves Go's profiler under /debug/pprof/ (admin access).
 	Pprof bool
+	// MaxRestoreBytes bounds an uploaded backup (413 beyond); 0 means
+	// DefaultMaxRestoreBytes. The whole backup is held in memory, decoded
+	// and re-encoded while it is restored, so a member needs a few times
+	// this much free memory; and every member installs the restored state
+	// as a Raft snapshot, which raftnode bounds too: keep this below that.
+	MaxRestoreBytes int64
 }
+
+// DefaultMaxRestoreBytes is the restore limit unless configured: far above
+// the state of millions of locks and sessions, far below a member's memory.
+const DefaultMaxRestoreBytes = 256 << 20
 
 // Handler is the HTTP API of one member.
 type Handler struct {
@@ -110,6 +132,10 @@ type Handler struct {
 	auth *auth.Store
 	log  *slog.Logger
 	mux  *http.ServeMux
+	// routes holds the API (router.go); the mux the rest.
+	routes router
+	// maxRestore bounds an uploaded backup (Config.MaxRestoreBytes).
+	maxRestore int64
 }
 
 // New builds the handler.
@@ -120,29 +146,39 @@ func New(cfg Config) *Handler {
 	if cfg.Observer == nil {
 		cfg.Observer = nopObserver{}
 	}
-	h := &Handler{b: cfg.Backend, obs: cfg.Observer, auth: cfg.Auth, log: cfg.Logger, mux: http.NewServeMux()}
-	m := h.mux
-	m.HandleFunc("POST /api/v1/locks/{name}/acquire", h.acquire)
-	m.HandleFunc("POST /api/v1/locks/{name}/release", h.release)
-	m.HandleFunc("POST /api/v1/locks/{name}/renew", h.renew)
-	m.HandleFunc("GET /api/v1/locks/{name}", h.getLock)
-	m.HandleFunc("GET /api/v1/locks", h.listLocks)
-	m.HandleFunc("POST /api/v1/sessions", h.createSession)
-	m.HandleFunc("POST /api/v1/sessions/{id}/keepalive", h.keepalive)
-	m.HandleFunc("DELETE /api/v1/sessions/{id}", h.deleteSession)
-	m.HandleFunc("GET /api/v1/ws", h.websocket)
-	m.HandleFunc("GET /api/v1/cluster", h.cluster)
-	m.HandleFunc("POST /api/v1/cluster/members", h.addMember)
-	m.HandleFunc("DELETE /api/v1/cluster/members/{id}", h.removeMember)
-	m.HandleFunc("POST /api/v1/cluster/transfer-leadership", h.transfer)
-	m.HandleFunc("GET /api/v1/status", h.status)
-	m.HandleFunc("GET /api/v1/snapshot", h.backup)
-	m.HandleFunc("POST /api/v1/snapshot/restore", h.restore)
-	m.HandleFunc("GET /healthz", h.healthz)
-	m.HandleFunc("GET /readyz", h.readyz)
-	if cfg.Metrics != nil {
-		m.Handle("GET /metrics", cfg.Metrics)
+	if cfg.MaxRestoreBytes <= 0 {
+		cfg.MaxRestoreBytes = DefaultMaxRestoreBytes
 	}
+	h := &Handler{b: cfg.Backend, obs: cfg.Observer, auth: cfg.Auth, log: cfg.Logger, mux: http.NewServeMux(),
+		maxRestore: cfg.MaxRestoreBytes}
+	// API routes go on the router, not the mux (see router.go): wrong
+	// methods are 405, lock names may span segments, empty names are 400.
+	rt := &h.routes
+	rt.handle("POST", "/api/v1/locks/{name}/acquire", h.acquire)
+	rt.handle("POST", "/api/v1/locks/{name}/release", h.release)
+	rt.handle("POST", "/api/v1/locks/{name}/renew", h.renew)
+	rt.handle("POST", "/api/v1/locks/{name}/value", notServed) // SPEC "Values and elections"
+	rt.handle("GET", "/api/v1/locks/{name}", h.getLock)
+	rt.handle("DELETE", "/api/v1/locks/{name}", notServed) // SPEC "Revocation"
+	rt.handle("GET", "/api/v1/locks", h.listLocks)
+	rt.handle("POST", "/api/v1/acquire", notServed) // SPEC "Multi-lock"
+	rt.handle("POST", "/api/v1/sessions", h.createSession)
+	rt.handle("POST", "/api/v1/sessions/{id}/keepalive", h.keepalive)
+	rt.handle("DELETE", "/api/v1/sessions/{id}", h.deleteSession)
+	rt.handle("GET", "/api/v1/ws", h.websocket)
+	rt.handle("GET", "/api/v1/cluster", h.cluster)
+	rt.handle("POST", "/api/v1/cluster/members", h.addMember)
+	rt.handle("DELETE", "/api/v1/cluster/members/{id}", h.removeMember)
+	rt.handle("POST", "/api/v1/cluster/transfer-leadership", h.transfer)
+	rt.handle("GET", "/api/v1/status", h.status)
+	rt.handle("GET", "/api/v1/snapshot", h.backup)
+	rt.handle("POST", "/api/v1/snapshot/restore", h.restore).ownBody = true
+	rt.handle("GET", "/healthz", h.healthz)
+	rt.handle("GET", "/readyz", h.readyz)
+	if cfg.Metrics != nil {
+		rt.handle("GET", "/metrics", cfg.Metrics.ServeHTTP)
+	}
+	m := h.mux
 	for pattern, handler := range cfg.Extra {
 		m.Handle(pattern, handler)
 	}
@@ -155,7 +191,11 @@ func New(cfg Config) *Handler {
 	return h
 }
 
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.routes.serve(w, r) {
+		h.mux.ServeHTTP(w, r)
+	}
+}
 
 // writeJSON writes v with status.
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -303,7 +343,8 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 		reject(err)
 		return
 	}
-	if _, ok := h.allow(w, r, auth.Lock, name, false); !ok {
+	who, ok := h.allow(w, r, auth.Lock, name, false)
+	if !ok {
 		return
 	}
 	var req api.AcquireRequest
@@ -330,6 +371,12 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 	if h.routeToLeader(w, r) {
 		return
 	}
+	if req.SessionID != "" {
+		if err := h.sessionAccess(who, req.SessionID); err != nil {
+			reject(err)
+			return
+		}
+	}
 	var ttl, wait int64
 	switch {
 	case req.TTLms != nil:
@@ -341,7 +388,7 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 		wait = *req.WaitTimeoutMs
 	}
 	cmd := locktable.Command{Op: locktable.OpAcquire, Lock: name, ClientID: req.ClientID,
-		SessionID: req.SessionID, TTLms: ttl, WaitMs: wait}
+		SessionID: req.SessionID, TTLms: ttl, WaitMs: wait, Owner: who.Name}
 	deadline := time.Now().Add(time.Duration(wait) * time.Millisecond)
 	for {
 		var sub *notify.Sub
@@ -362,7 +409,7 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 			return
 		case res.Code != locktable.OK:
 			closeSub(sub)
-			e := stateError(res.Code, name, res.Holder)
+			e := resultError(res, name)
 			if res.Code == locktable.CodeLockHeld {
 				code, msg := errorCode(e)
 				outcome = code
@@ -371,6 +418,25 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			reject(e)
+			return
+		}
+		if wait == 0 {
+			// A try by a client whose earlier wait is queued on this lock:
+			// the state machine keeps that wait's place and answers Queued.
+			// The try cannot be granted now, so it is lock_held naming the
+			// holder, at once; the earlier wait is untouched and answers for
+			// itself. (Granted meanwhile, to this very wait: say so.)
+			var li locktable.LockInfo
+			h.b.View(func(t *locktable.Table) { li = t.Get(name) })
+			if li.Held && li.ClientID == req.ClientID {
+				outcome = "granted"
+				writeJSON(w, 200, h.grantReply(name, req.ClientID, li.Token, li.ExpiresAt))
+				return
+			}
+			outcome = api.CodeLockHeld
+			writeJSON(w, 409, api.AcquireReply{Acquired: false, Holder: li.ClientID,
+				Error: &api.Error{Code: api.CodeLockHeld, Message: "lock " + name + " is held by " + li.ClientID +
+					"; the earlier wait of this client keeps its place in the queue"}})
 			return
 		}
 		// Queued: wait for the committed hand-off.
@@ -423,8 +489,8 @@ func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify
 				return false, api.CodeWaitTimeout
 			}
 		case <-sub.Done():
-			if errors.Is(sub.Err(), notify.ErrOverflow) {
-				return true, ""
+			if errors.Is(sub.Err(), notify.ErrOverflow) || errors.Is(sub.Err(), notify.ErrResync) {
+				return true, "" // re-propose the idempotent acquire to learn where it stands
 			}
 			writeError(w, &apiError{code: api.CodeNoLeader, msg: "leadership changed while waiting; retry on the new leader (the queue place is kept)"})
 			return false, api.CodeNoLeader
@@ -552,7 +618,8 @@ func (h *Handler) renew(w http.ResponseWriter, r *http.Request) {
 }
 
 func statusOf(li locktable.LockInfo) api.LockStatus {
-	return api.LockStatus{Lock: li.Name, Held: li.Held, ClientID: li.ClientID, SessionID: li.SessionID,
+	// No SessionID: a session id is a capability (see sessions.go).
+	return api.LockStatus{Lock: li.Name, Held: li.Held, ClientID: li.ClientID,
 		FencingToken: li.Token, ExpiresAt: api.FormatTime(li.ExpiresAt), Waiters: li.Waiters}
 }
 
@@ -591,12 +658,10 @@ func (h *Handler) getLock(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) listLocks(w http.ResponseWriter, r *http.Request) {
-	prefix := r.URL.Query().Get("prefix")
-	if prefix != "" {
-		if why := ValidLockName(prefix); why != "" {
-			writeError(w, invalid("prefix: %s", why))
-			return
-		}
+	prefix, after, limit, err := listParams(r.URL.Query())
+	if err != nil {
+		writeError(w, err)
+		return
 	}
 	if _, ok := h.allow(w, r, auth.Read, prefix, false); !ok {
 		return
@@ -605,16 +670,17 @@ func (h *Handler) listLocks(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := api.LockList{Locks: []api.LockStatus{}}
-	h.b.View(func(t *locktable.Table) {
-		for _, li := range t.List(prefix, 0) {
-			out.Locks = append(out.Locks, statusOf(li))
-		}
-	})
+	var page []locktable.LockInfo
+	h.b.View(func(t *locktable.Table) { page, out.Next = t.ListPage(prefix, after, limit) })
+	for _, li := range page {
+		out.Locks = append(out.Locks, statusOf(li))
+	}
 	writeJSON(w, 200, out)
 }
 
 func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
-	if _, ok := h.allow(w, r, auth.Lock, "", true); !ok {
+	who, ok := h.allow(w, r, auth.Lock, "", true)
+	if !ok {
 		return
 	}
 	var req api.SessionRequest
@@ -637,7 +703,7 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 	if req.TTLms != nil {
 		ttl = *req.TTLms
 	}
-	id, err := h.newSession(r.Context(), req.ClientID, ttl)
+	id, err := h.newSession(r.Context(), who.Name, req.ClientID, ttl)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -645,20 +711,23 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, api.SessionReply{SessionID: id, TTLms: ttl})
 }
 
-func (h *Handler) newSession(ctx context.Context, client string, ttl int64) (string, error) {
-	id := h.b.NewSessionID()
-	res, err := h.b.Propose(ctx, locktable.Command{Op: locktable.OpCreateSession, SessionID: id, ClientID: client, TTLms: ttl})
+// newSession creates a session owned by the identity owner.
+func (h *Handler) newSession(ctx context.Context, owner, client string, ttl int64) (string, error) {
+	id := h.newSessionID(owner)
+	res, err := h.b.Propose(ctx, locktable.Command{Op: locktable.OpCreateSession, SessionID: id, ClientID: client,
+		TTLms: ttl, Owner: owner})
 	if err != nil {
 		return "", err
 	}
 	if res.Code != locktable.OK {
-		return "", stateError(res.Code, "", "")
+		return "", resultError(res, "")
 	}
 	return id, nil
 }
 
 func (h *Handler) keepalive(w http.ResponseWriter, r *http.Request) {
-	if _, ok := h.allow(w, r, auth.Lock, "", true); !ok {
+	who, ok := h.allow(w, r, auth.Lock, "", true)
+	if !ok {
 		return
 	}
 	id := r.PathValue("id")
@@ -669,7 +738,11 @@ func (h *Handler) keepalive(w http.ResponseWriter, r *http.Request) {
 	if h.routeToLeader(w, r) {
 		return
 	}
-	ttl, ok, err := h.b.Keepalive(id)
+	if err := h.sessionAccess(who, id); err != nil {
+		writeError(w, err)
+		return
+	}
+	ttl, ok, err := h.b.Keepalive(r.Context(), id)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -682,7 +755,8 @@ func (h *Handler) keepalive(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) deleteSession(w http.ResponseWriter, r *http.Request) {
-	if _, ok := h.allow(w, r, auth.Lock, "", true); !ok {
+	who, ok := h.allow(w, r, auth.Lock, "", true)
+	if !ok {
 		return
 	}
 	id := r.PathValue("id")
@@ -691,6 +765,10 @@ func (h *Handler) deleteSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if h.routeToLeader(w, r) {
+		return
+	}
+	if err := h.sessionAccess(who, id); err != nil {
+		writeError(w, err)
 		return
 	}
 	res, err := h.b.Propose(r.Context(), locktable.Command{Op: locktable.OpDeleteSession, SessionID: id})
@@ -726,12 +804,8 @@ func (h *Handler) addMember(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if err := validClientID("id", req.ID); err != nil {
+	if err := ValidateAddMember(req); err != nil {
 		writeError(w, err)
-		return
-	}
-	if req.RaftAddr == "" {
-		writeError(w, invalid("raft_addr is required"))
 		return
 	}
 	if h.routeToLeader(w, r) {
@@ -782,9 +856,6 @@ func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, map[string]bool{"transferred": true})
 }
 
-// maxBackupBytes bounds an uploaded backup.
-const maxBackupBytes = 4 << 30
-
 func (h *Handler) backup(w http.ResponseWriter, r *http.Request) {
 	if _, ok := h.allow(w, r, auth.Admin, "", false); !ok {
 		return
@@ -810,17 +881,32 @@ func (h *Handler) restore(w http.ResponseWriter, r *http.Request) {
 	if h.routeToLeader(w, r) {
 		return
 	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBackupBytes))
+	tooLarge := &apiError{code: api.CodePayloadTooLarge,
+		msg: fmt.Sprintf("the backup is over this member's restore limit of %d MiB", h.maxRestore>>20)}
+	if r.ContentLength > h.maxRestore {
+		writeError(w, tooLarge)
+		return
+	}
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.maxRestore))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeError(w, &apiError{code: api.CodePayloadTooLarge, msg: "backup over 4 GiB"})
+			writeError(w, tooLarge)
 		} else {
 			writeError(w, invalid("reading the backup: %v", err))
 		}
 		return
 	}
-	if err := h.b.RestoreBackup(r.Context(), data, r.URL.Query().Get("force") == "true"); err != nil {
+	opt := RestoreOptions{Force: r.URL.Query().Get("force") == "true"}
+	if v := r.URL.Query().Get("min_token"); v != "" {
+		n, perr := strconv.ParseUint(v, 10, 64)
+		if perr != nil {
+			writeError(w, invalid("min_token must be a fencing token (an unsigned integer), got %q", v))
+			return
+		}
+		opt.MinToken = n
+	}
+	if err := h.b.RestoreBackup(r.Context(), data, opt); err != nil {
 		writeError(w, err)
 		return
 	}

@@ -1,11 +1,11 @@
 package httpapi
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -47,6 +47,9 @@ type wsConn struct {
 type pendingAcquire struct {
 	id       uint64
 	deadline int64
+	// ended holds the deadlines of waits that ended before this acquire's
+	// own deadline was known; queued settles them.
+	ended []int64
 }
 
 // allowLock checks the connection's token for lock access to one lock.
@@ -66,7 +69,7 @@ func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // Accept wrote the HTTP error
 	}
-	c.SetReadLimit(api.MaxBodyBytes)
+	c.SetReadLimit(api.MaxBodyBytes + 1) // readFrame answers a frame over MaxBodyBytes before this limit closes the connection
 	ctx, cancel := context.WithCancel(r.Context())
 	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string]*pendingAcquire{}, subReady: make(chan struct{}),
 		id: id}
@@ -119,7 +122,11 @@ func (wc *wsConn) replyErr(id uint64, err error) {
 // reason.
 func (wc *wsConn) readLoop() string {
 	for {
-		typ, b, err := wc.c.Read(wc.ctx)
+		typ, b, err := readFrame(wc.ctx, wc.c)
+		if errors.Is(err, errFrameTooLarge) {
+			wc.replyErr(0, &apiError{code: api.CodePayloadTooLarge, msg: fmt.Sprintf("a frame is over %d KiB; closing", api.MaxBodyBytes>>10)})
+			return "frame too large"
+		}
 		if err != nil {
 			return "closed"
 		}
@@ -128,10 +135,8 @@ func (wc *wsConn) readLoop() string {
 			continue
 		}
 		var req api.WSRequest
-		dec := json.NewDecoder(bytes.NewReader(b))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
-			wc.replyErr(0, invalid("malformed JSON frame: %v", err))
+		if err := decodeJSON("frame", b, &req); err != nil {
+			wc.replyErr(frameID(b), err)
 			continue
 		}
 		if !wc.h.b.Ready() {
@@ -199,12 +204,23 @@ func (wc *wsConn) hello(req api.WSRequest) error {
 	// connection, so no push is lost.
 	sub := wc.h.b.Subscribe(req.ClientID)
 	if id != "" {
+		// Only the session's owner (or an admin) may resume it, and nothing
+		// about a session reaches anyone else: not its lease, not whether it
+		// exists (see sessions.go).
+		if err := wc.h.sessionAccess(wc.id, id); err != nil {
+			sub.Close()
+			return err
+		}
 		var s locktable.Session
 		var ok bool
 		wc.h.b.View(func(t *locktable.Table) { s, ok = t.Session(id) })
+		if ok && s.ClientID != req.ClientID {
+			sub.Close()
+			return invalid("session %s belongs to another client_id", id)
+		}
 		if ok {
 			var kerr error
-			_, ok, kerr = wc.h.b.Keepalive(id)
+			_, ok, kerr = wc.h.b.Keepalive(wc.ctx, id)
 			if kerr != nil {
 				sub.Close()
 				return kerr
@@ -214,13 +230,9 @@ func (wc *wsConn) hello(req api.WSRequest) error {
 			sub.Close()
 			return &apiError{code: api.CodeSessionExpired, msg: "session " + id + " has expired; start a new one"}
 		}
-		if s.ClientID != req.ClientID {
-			sub.Close()
-			return invalid("session %s belongs to another client_id", id)
-		}
 		ttl = s.TTLms
 	} else {
-		nid, err := wc.h.newSession(wc.ctx, req.ClientID, ttl)
+		nid, err := wc.h.newSession(wc.ctx, wc.id.Name, req.ClientID, ttl)
 		if err != nil {
 			sub.Close()
 			return err
@@ -248,7 +260,8 @@ func (wc *wsConn) acquire(req api.WSRequest) error {
 	if err := checkRange("wait_timeout_ms", req.WaitTimeoutMs, 0, api.MaxWaitTimeoutMs); err != nil {
 		return err
 	}
-	cmd := locktable.Command{Op: locktable.OpAcquire, Lock: req.Lock, ClientID: wc.client, SessionID: wc.session}
+	cmd := locktable.Command{Op: locktable.OpAcquire, Lock: req.Lock, ClientID: wc.client, SessionID: wc.session,
+		Owner: wc.id.Name}
 	if req.TTLms != nil {
 		cmd.TTLms = *req.TTLms
 	}
@@ -278,13 +291,14 @@ func (wc *wsConn) acquire(req api.WSRequest) error {
 	if err != nil {
 		return err
 	}
-	return stateError(res.Code, req.Lock, res.Holder)
+	return resultError(res, req.Lock)
 }
 
 // queued records the deadline of a committed wait, then settles the race
 // with its end: if the wait already ended (its event went by while the
 // deadline was unknown) and no grant took its place, the answer is
-// wait_timeout.
+// wait_timeout. Events arrive in log order from the apply loop, so the end
+// of this wait is either among those already seen or still to come.
 func (wc *wsConn) queued(lock string, p *pendingAcquire, res locktable.Result) {
 	deadline := queuedDeadline(res, wc.client)
 	wc.mu.Lock()
@@ -293,19 +307,7 @@ func (wc *wsConn) queued(lock string, p *pendingAcquire, res locktable.Result) {
 		return // already answered (granted)
 	}
 	p.deadline = deadline
-	wc.mu.Unlock()
-	waiting, holder := false, false
-	wc.h.b.View(func(t *locktable.Table) {
-		holder = t.Get(lock).ClientID == wc.client
-		for _, w := range t.Waiters(lock) {
-			waiting = waiting || (w.ClientID == wc.client && w.Deadline == deadline)
-		}
-	})
-	if waiting || holder {
-		return // pushLoop answers: the wait's end or the grant is still to come
-	}
-	wc.mu.Lock()
-	answer := wc.pending[lock] == p
+	answer := slices.Contains(p.ended, deadline)
 	if answer {
 		delete(wc.pending, lock)
 	}
@@ -362,7 +364,7 @@ func (wc *wsConn) renew(req api.WSRequest) error {
 }
 
 func (wc *wsConn) keepalive(req api.WSRequest) error {
-	ttl, ok, err := wc.h.b.Keepalive(wc.session)
+	ttl, ok, err := wc.h.b.Keepalive(wc.ctx, wc.session)
 	if err != nil {
 		return err
 	}
@@ -390,7 +392,7 @@ func (wc *wsConn) pushLoop() {
 		case <-sub.Done():
 			if errors.Is(sub.Err(), notify.ErrLeadershipLost) {
 				wc.notLeader()
-			} else if errors.Is(sub.Err(), notify.ErrOverflow) {
+			} else if errors.Is(sub.Err(), notify.ErrOverflow) || errors.Is(sub.Err(), notify.ErrResync) {
 				wc.send(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: api.CodeInternal,
 					Message: "event stream overflowed; reconnect and resume the session"}})
 			}
@@ -426,6 +428,9 @@ func (wc *wsConn) push(ev locktable.Event) {
 	case locktable.EvWaitEnded:
 		wc.mu.Lock()
 		p, ok := wc.pending[ev.Lock]
+		if ok && p.deadline == 0 {
+			p.ended = append(p.ended, ev.Deadline) // queued decides once the deadline is known
+		}
 		// Only the end of this acquire's own wait answers it; see
 		// pendingAcquire.
 		ok = ok && p.deadline != 0 && p.deadline == ev.Deadline

@@ -7,11 +7,12 @@ type Code uint8
 
 // Outcome codes.
 const (
-	OK                 Code = iota
-	CodeLockHeld            // try-acquire on a held lock
-	CodeNotHolder           // release/renew by a client that does not hold that token
-	CodeSessionExpired      // the named session does not exist
-	CodeInvalid             // a command that passed the API checks but is still malformed
+	OK                    Code = iota
+	CodeLockHeld               // try-acquire on a held lock
+	CodeNotHolder              // release/renew by a client that does not hold that token
+	CodeSessionExpired         // the named session does not exist
+	CodeInvalid                // a command that passed the API checks but is still malformed
+	CodeResourceExhausted      // a quota is used up (Result.Quota names it); nothing changed
 )
 
 func (c Code) String() string {
@@ -24,6 +25,8 @@ func (c Code) String() string {
 		return "not_holder"
 	case CodeSessionExpired:
 		return "session_expired"
+	case CodeResourceExhausted:
+		return "resource_exhausted"
 	default:
 		return "invalid"
 	}
@@ -77,8 +80,12 @@ type Result struct {
 	Token     uint64 // acquire/renew/release: the grant's token
 	ExpiresAt int64  // acquire/renew: the grant's expiry (0 = none)
 	Holder    string // lock_held: who holds it
-	Events    []Event
-	Batch     []Result // OpBatch: one result per command
+	// Quota and QuotaLimit name the quota a resource_exhausted refusal hit
+	// and its value in the command.
+	Quota      Quota
+	QuotaLimit int64
+	Events     []Event
+	Batch      []Result // OpBatch: one result per command
 }
 
 // Apply applies one committed command and returns its outcome. It is
@@ -134,6 +141,7 @@ func (t *Table) lockFor(name string) *Lock {
 	if !ok {
 		l = &Lock{Name: name}
 		t.locks[name] = l
+		t.names.insert(name)
 	}
 	return l
 }
@@ -142,6 +150,7 @@ func (t *Table) lockFor(name string) *Lock {
 func (t *Table) dropIfEmpty(l *Lock) {
 	if l.Holder == nil && len(l.Waiters) == 0 {
 		delete(t.locks, l.Name)
+		t.names.remove(l.Name)
 	}
 }
 
@@ -166,7 +175,15 @@ func (t *Table) acquire(c Command, r *Result) {
 		}
 		sess = s
 	}
-	l := t.lockFor(c.Lock)
+	l, exists := t.locks[c.Lock]
+	if !exists {
+		// A new lock: nothing to retry, and only room in the table decides.
+		if q := t.lockQuota(c, nil, sess, false); q != 0 {
+			c.Quotas.exhausted(r, q)
+			return
+		}
+		l = t.lockFor(c.Lock)
+	}
 	if h := l.Holder; h != nil && h.ClientID == c.ClientID {
 		// Idempotent re-acquire by the holder: same grant, expiry refreshed.
 		if c.TTLms > 0 {
@@ -198,7 +215,13 @@ func (t *Table) acquire(c Command, r *Result) {
 	if l.Holder == nil {
 		// A free lock has no live waiters (hand-off happens in the step that
 		// frees it), so the caller is first.
-		t.grant(l, c.ClientID, c.SessionID, c.TTLms, c.Now, &r.Events)
+		if exists {
+			if q := t.lockQuota(c, l, sess, false); q != 0 {
+				c.Quotas.exhausted(r, q)
+				return
+			}
+		}
+		t.grant(l, c.ClientID, c.SessionID, c.Owner, c.TTLms, c.Now, &r.Events)
 		h := l.Holder
 		r.Granted, r.Token, r.ExpiresAt = true, h.Token, h.ExpiresAt
 		return
@@ -207,8 +230,13 @@ func (t *Table) acquire(c Command, r *Result) {
 		r.Code, r.Holder = CodeLockHeld, l.Holder.ClientID
 		return
 	}
+	if q := t.lockQuota(c, l, sess, true); q != 0 {
+		c.Quotas.exhausted(r, q)
+		return
+	}
 	w := Waiter{ClientID: c.ClientID, SessionID: c.SessionID, TTLms: c.TTLms,
 		Deadline: c.Now + c.WaitMs, EnqueuedAt: c.Now}
+	w.Owner = t.chargeLock(w.SessionID, c.Owner, 1)
 	l.Waiters = append(l.Waiters, w)
 	if sess != nil {
 		sess.index(&sess.waits)[l.Name] = struct{}{}
@@ -226,10 +254,10 @@ func (s *Session) index(m *map[string]struct{}) map[string]struct{} {
 }
 
 // grant makes the client the holder with a fresh token.
-func (t *Table) grant(l *Lock, client, session string, ttl, now int64, ev *[]Event) {
+func (t *Table) grant(l *Lock, client, session, owner string, ttl, now int64, ev *[]Event) {
 	t.lastToken++
-	l.Holder = &Holder{ClientID: client, SessionID: session, Token: t.lastToken,
-		TTLms: ttl, ExpiresAt: expiry(now, ttl), GrantedAt: now}
+	l.Holder = &Holder{ClientID: client, SessionID: session, Owner: t.chargeLock(session, owner, 1),
+		Token: t.lastToken, TTLms: ttl, ExpiresAt: expiry(now, ttl), GrantedAt: now}
 	if s, ok := t.sessions[session]; ok {
 		s.index(&s.holds)[l.Name] = struct{}{}
 	}
@@ -244,6 +272,7 @@ func (t *Table) unhold(l *Lock) *Holder {
 	if s, ok := t.sessions[h.SessionID]; ok && s.holds != nil {
 		delete(s.holds, l.Name)
 	}
+	t.chargeLock(h.SessionID, h.Owner, -1)
 	return h
 }
 
@@ -266,7 +295,7 @@ func (t *Table) handOff(l *Lock, now int64, ev *[]Event) {
 				continue
 			}
 		}
-		t.grant(l, w.ClientID, w.SessionID, w.TTLms, now, ev)
+		t.grant(l, w.ClientID, w.SessionID, w.Owner, w.TTLms, now, ev)
 	}
 	if len(l.Waiters) == 0 {
 		l.Waiters = nil // let the backing array go
@@ -279,6 +308,7 @@ func (t *Table) handOff(l *Lock, now int64, ev *[]Event) {
 // session (a session is not tied to one client). The index must match what
 // Restore rebuilds, or a restored member would diverge.
 func (t *Table) unwait(lock string, w Waiter) {
+	t.chargeLock(w.SessionID, w.Owner, -1)
 	s, ok := t.sessions[w.SessionID]
 	if !ok || s.waits == nil {
 		return
@@ -388,7 +418,12 @@ func (t *Table) createSession(c Command, r *Result) {
 	if _, ok := t.sessions[c.SessionID]; ok {
 		return // idempotent: a retried create finds its session
 	}
-	t.sessions[c.SessionID] = &Session{ID: c.SessionID, ClientID: c.ClientID, TTLms: c.TTLms, CreatedAt: c.Now}
+	if q := t.sessionQuota(c); q != 0 {
+		c.Quotas.exhausted(r, q)
+		return
+	}
+	t.sessions[c.SessionID] = &Session{ID: c.SessionID, ClientID: c.ClientID,
+		Owner: t.chargeSession(c.Owner, 1), TTLms: c.TTLms, CreatedAt: c.Now}
 	r.Events = append(r.Events, Event{Kind: EvSessionCreated, SessionID: c.SessionID,
 		ClientID: c.ClientID, TTLms: c.TTLms})
 }
@@ -403,6 +438,7 @@ func (t *Table) endSession(c Command, r *Result, reason string) {
 		return
 	}
 	delete(t.sessions, c.SessionID)
+	t.chargeSession(s.Owner, -1)
 	var touched []string
 	for name := range s.holds {
 		touched = append(touched, name)
@@ -420,12 +456,14 @@ func (t *Table) endSession(c Command, r *Result, reason string) {
 		}
 		if h := l.Holder; h != nil && h.SessionID == s.ID {
 			l.Holder = nil
+			t.chargeLock(h.SessionID, h.Owner, -1)
 			r.Events = append(r.Events, Event{Kind: EvLost, Lock: name, ClientID: h.ClientID,
 				SessionID: s.ID, Token: h.Token, Reason: ReasonSessionExpired})
 		}
 		kept := l.Waiters[:0]
 		for _, w := range l.Waiters {
 			if w.SessionID == s.ID {
+				t.chargeLock(w.SessionID, w.Owner, -1)
 				r.Events = append(r.Events, Event{Kind: EvWaitEnded, Lock: name, ClientID: w.ClientID,
 					SessionID: s.ID, Deadline: w.Deadline, Reason: ReasonSessionExpired})
 				continue

@@ -6,10 +6,16 @@ import (
 )
 
 // snapshotMagic and snapshotVersion open every snapshot. A member refuses a
-// snapshot of a newer format instead of misreading it.
+// snapshot of a newer format instead of misreading it, and reads every
+// older one.
+//
+// Format 2 adds the owner identity after the client and session ids of each
+// session, holder and waiter. Format 1 has none: its sessions, holders and
+// waiters restore with the owner "" (the identity of a cluster without
+// auth).
 const (
 	snapshotMagic   = "LOCKDSNP"
-	snapshotVersion = 1
+	snapshotVersion = 2
 )
 
 // Snapshot encodes the whole table. The encoding is canonical (maps are
@@ -25,6 +31,7 @@ func (t *Table) Snapshot() []byte {
 		s := t.sessions[id]
 		w.string(s.ID)
 		w.string(s.ClientID)
+		w.string(s.Owner)
 		w.varint(s.TTLms)
 		w.varint(s.CreatedAt)
 	}
@@ -37,6 +44,7 @@ func (t *Table) Snapshot() []byte {
 			w.byte(1)
 			w.string(h.ClientID)
 			w.string(h.SessionID)
+			w.string(h.Owner)
 			w.uvarint(h.Token)
 			w.varint(h.TTLms)
 			w.varint(h.ExpiresAt)
@@ -48,6 +56,7 @@ func (t *Table) Snapshot() []byte {
 		for _, q := range l.Waiters {
 			w.string(q.ClientID)
 			w.string(q.SessionID)
+			w.string(q.Owner)
 			w.varint(q.TTLms)
 			w.varint(q.Deadline)
 			w.varint(q.EnqueuedAt)
@@ -73,24 +82,43 @@ func (t *Table) Snapshot() []byte {
 	return w.b
 }
 
-// Restore decodes a snapshot made by Snapshot into a new table.
+// Restore decodes a snapshot made by Snapshot (this format or an older
+// one) into a new table, and rebuilds the quota counts from it.
 func Restore(b []byte) (*Table, error) {
 	if !bytes.HasPrefix(b, []byte(snapshotMagic)) {
 		return nil, fmt.Errorf("%w: not a lockd snapshot", ErrCorrupt)
 	}
 	r := &reader{b: b[len(snapshotMagic):]}
-	if v := r.byte(); r.err == nil && v != snapshotVersion {
-		return nil, fmt.Errorf("%w: snapshot format %d (this build reads %d)", ErrCorrupt, v, snapshotVersion)
+	v := r.byte()
+	if r.err == nil && (v < 1 || v > snapshotVersion) {
+		return nil, fmt.Errorf("%w: snapshot format %d (this build reads 1 to %d)", ErrCorrupt, v, snapshotVersion)
 	}
 	t := New()
 	t.lastToken = r.uvarint()
-	ids := map[string]string{} // client and session ids, shared (internString)
+	ids := map[string]string{} // client, session and owner ids, shared (internString)
+	// owner reads an owner identity; format 1 has none.
+	owner := func() string {
+		if v < 2 {
+			return ""
+		}
+		return r.internString(ids)
+	}
+	extra := 0 // bytes an owner adds at least
+	if v >= 2 {
+		extra = 1
+	}
 
-	n := r.count(4)
+	n := r.count(4 + extra)
 	t.sessions = make(map[string]*Session, n)
 	for i := 0; i < n && r.err == nil; i++ {
-		s := &Session{ID: r.internString(ids), ClientID: r.internString(ids), TTLms: r.varint(), CreatedAt: r.varint()}
+		s := &Session{ID: r.internString(ids), ClientID: r.internString(ids)}
+		s.Owner, s.TTLms, s.CreatedAt = owner(), r.varint(), r.varint()
+		if _, dup := t.sessions[s.ID]; dup {
+			r.fail("session listed twice")
+			break
+		}
 		t.sessions[s.ID] = s
+		s.Owner = t.chargeSession(s.Owner, 1)
 	}
 
 	n = r.count(3)
@@ -106,8 +134,9 @@ func Restore(b []byte) (*Table, error) {
 		l.Name = r.string()
 		if r.byte() == 1 {
 			h := &lh.h
-			*h = Holder{ClientID: r.internString(ids), SessionID: r.internString(ids), Token: r.uvarint(),
-				TTLms: r.varint(), ExpiresAt: r.varint(), GrantedAt: r.varint()}
+			*h = Holder{ClientID: r.internString(ids), SessionID: r.internString(ids)}
+			h.Owner, h.Token = owner(), r.uvarint()
+			h.TTLms, h.ExpiresAt, h.GrantedAt = r.varint(), r.varint(), r.varint()
 			if h.Token > t.lastToken {
 				r.fail("holder token above counter")
 			}
@@ -115,20 +144,27 @@ func Restore(b []byte) (*Table, error) {
 			if s, ok := t.sessions[h.SessionID]; ok {
 				s.index(&s.holds)[l.Name] = struct{}{}
 			}
+			h.Owner = t.chargeLock(h.SessionID, h.Owner, 1)
 		}
-		wn := r.count(5)
+		wn := r.count(5 + extra)
 		if wn > 0 {
 			l.Waiters = make([]Waiter, 0, wn)
 		}
 		for j := 0; j < wn && r.err == nil; j++ {
-			q := Waiter{ClientID: r.internString(ids), SessionID: r.internString(ids), TTLms: r.varint(),
-				Deadline: r.varint(), EnqueuedAt: r.varint()}
-			l.Waiters = append(l.Waiters, q)
+			q := Waiter{ClientID: r.internString(ids), SessionID: r.internString(ids)}
+			q.Owner, q.TTLms, q.Deadline, q.EnqueuedAt = owner(), r.varint(), r.varint(), r.varint()
 			if s, ok := t.sessions[q.SessionID]; ok {
 				s.index(&s.waits)[l.Name] = struct{}{}
 			}
+			q.Owner = t.chargeLock(q.SessionID, q.Owner, 1)
+			l.Waiters = append(l.Waiters, q)
+		}
+		if _, dup := t.locks[l.Name]; dup {
+			r.fail("lock listed twice")
+			break
 		}
 		t.locks[l.Name] = l
+		t.names.insert(l.Name)
 	}
 
 	n = r.count(3)

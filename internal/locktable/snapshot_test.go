@@ -301,7 +301,7 @@ func TestRestoreRejects(t *testing.T) {
 		{"bad magic", append([]byte("LOCKDSNQ"), good[8:]...)},
 		{"magic only", []byte("LOCKDSNP")},
 		{"version 0", append(append([]byte("LOCKDSNP"), 0), good[9:]...)},
-		{"newer version", append(append([]byte("LOCKDSNP"), 2), good[9:]...)},
+		{"newer version", append(append([]byte("LOCKDSNP"), 3), good[9:]...)},
 		{"trailing zero", append(append([]byte(nil), good...), 0)},
 		{"two snapshots", append(append([]byte(nil), good...), good...)},
 		{"string over 64 KiB", bigString.b},
@@ -336,26 +336,37 @@ func TestRestoreRejects(t *testing.T) {
 		}
 	})
 	t.Run("the hand-made writer matches the format", func(t *testing.T) {
-		// Guards the cases above: the same writer with good parts restores.
-		w := newSnapWriter(1, 5)
-		w.uvarint(0)
-		w.uvarint(1)
-		w.str("a")
-		w.byte(1)
-		w.strs("c", "")
-		w.uvarint(5)
-		w.varint(1000)
-		w.varint(t0)
-		w.varint(t0)
-		w.uvarint(0)
-		w.uvarint(0)
-		w.uvarint(0)
-		tb, err := lt.Restore(w.b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := tb.Get("a"); got.Token != 5 || got.ClientID != "c" || !bytes.Equal(tb.Snapshot(), w.b) {
-			t.Fatalf("restored %+v", got)
+		// Guards the cases above (format 1, which Restore still reads):
+		// the same writer with good parts restores, and in the current
+		// format (2: an owner after the client and session ids) it
+		// restores to the same bytes.
+		for _, version := range []byte{1, 2} {
+			w := newSnapWriter(version, 5)
+			w.uvarint(0)
+			w.uvarint(1)
+			w.str("a")
+			w.byte(1)
+			w.strs("c", "")
+			if version >= 2 {
+				w.str("owner")
+			}
+			w.uvarint(5)
+			w.varint(1000)
+			w.varint(t0)
+			w.varint(t0)
+			w.uvarint(0)
+			w.uvarint(0)
+			w.uvarint(0)
+			tb, err := lt.Restore(w.b)
+			if err != nil {
+				t.Fatalf("format %d: %v", version, err)
+			}
+			if got := tb.Get("a"); got.Token != 5 || got.ClientID != "c" {
+				t.Fatalf("format %d: restored %+v", version, got)
+			}
+			if version == 2 && !bytes.Equal(tb.Snapshot(), w.b) {
+				t.Fatalf("format 2 does not snapshot to the same bytes")
+			}
 		}
 	})
 }
@@ -374,7 +385,7 @@ func TestPrepareRestore(t *testing.T) {
 	if backup.LastToken() >= current.LastToken() {
 		t.Fatalf("setup: backup token %d not below the running one %d", backup.LastToken(), current.LastToken())
 	}
-	backup.PrepareRestore(current)
+	backup.PrepareRestore(current, 0)
 	if backup.LastToken() != current.LastToken() {
 		t.Fatalf("token counter %d after restore, want the running cluster's %d", backup.LastToken(), current.LastToken())
 	}

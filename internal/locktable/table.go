@@ -11,13 +11,13 @@ package locktable
 import (
 	"maps"
 	"sort"
-	"strings"
 )
 
 // Holder is the current owner of a lock.
 type Holder struct {
 	ClientID  string
 	SessionID string // "" for a lock held by TTL alone
+	Owner     string // identity charged for it (see Command.Owner)
 	Token     uint64
 	TTLms     int64 // 0: no TTL of its own (held through its session)
 	ExpiresAt int64 // unix ms; 0 when TTLms is 0
@@ -28,8 +28,9 @@ type Holder struct {
 type Waiter struct {
 	ClientID   string
 	SessionID  string
-	TTLms      int64 // TTL the grant will carry
-	Deadline   int64 // unix ms after which it must never be granted
+	Owner      string // identity charged for it (see Command.Owner)
+	TTLms      int64  // TTL the grant will carry
+	Deadline   int64  // unix ms after which it must never be granted
 	EnqueuedAt int64
 }
 
@@ -42,14 +43,18 @@ type Lock struct {
 
 // Session is a client session kept alive by keepalives to the leader.
 type Session struct {
-	ID        string
-	ClientID  string
+	ID       string
+	ClientID string
+	// Owner is the identity that created the session (the auth token's
+	// name; "" with auth off): only it, or an admin, may use the session.
+	Owner     string
 	TTLms     int64
 	CreatedAt int64
 
 	// Indexes rebuilt from locks; never encoded.
 	holds map[string]struct{}
 	waits map[string]struct{}
+	used  int // locks held plus waits queued through it (quota count)
 }
 
 // Member is a cluster member's published addresses.
@@ -79,6 +84,8 @@ type Table struct {
 	memo      []releaseMemo // ring, oldest at memoHead once full
 	memoHead  int
 	memoIdx   map[memoKey]string // (lock, token) -> client id
+	usage     map[string]*usage  // per owner identity; derived, never encoded
+	names     nameIndex          // lock names in order, for lists; derived, never encoded
 }
 
 type memoKey struct {
@@ -93,6 +100,7 @@ func New() *Table {
 		sessions: map[string]*Session{},
 		members:  map[string]Member{},
 		memoIdx:  map[memoKey]string{},
+		usage:    map[string]*usage{},
 	}
 }
 
@@ -131,15 +139,7 @@ func (t *Table) Get(name string) LockInfo {
 
 // List returns every lock whose name starts with prefix, sorted by name.
 func (t *Table) List(prefix string, limit int) []LockInfo {
-	out := []LockInfo{}
-	for _, name := range sortedKeys(t.locks) {
-		if strings.HasPrefix(name, prefix) {
-			out = append(out, t.locks[name].info())
-			if limit > 0 && len(out) >= limit {
-				break
-			}
-		}
-	}
+	out, _ := t.ListPage(prefix, "", limit)
 	return out
 }
 
@@ -165,7 +165,12 @@ func (t *Table) Session(id string) (Session, bool) {
 	if !ok {
 		return Session{}, false
 	}
-	return Session{ID: s.ID, ClientID: s.ClientID, TTLms: s.TTLms, CreatedAt: s.CreatedAt}, true
+	return s.copy(), true
+}
+
+// copy is the session without its indexes and counters.
+func (s *Session) copy() Session {
+	return Session{ID: s.ID, ClientID: s.ClientID, Owner: s.Owner, TTLms: s.TTLms, CreatedAt: s.CreatedAt}
 }
 
 // Members returns the published member addresses, sorted by id.
@@ -180,10 +185,11 @@ func (t *Table) Members() []Member {
 // PrepareRestore adapts a table decoded from a backup before it replaces a
 // running cluster's state: it takes the running cluster's member address
 // book (the backup's may name other hosts) and never lets the token counter
-// go below the running cluster's, so a restore cannot make a token repeat.
-func (t *Table) PrepareRestore(current *Table) {
+// go below the running cluster's, nor below minToken (what an operator knows
+// an earlier cluster issued), so a restore cannot make a token repeat.
+func (t *Table) PrepareRestore(current *Table, minToken uint64) {
 	t.members = maps.Clone(current.members)
-	t.lastToken = max(t.lastToken, current.lastToken)
+	t.lastToken = max(t.lastToken, current.lastToken, minToken)
 }
 
 // Stats counts what the table holds, for metrics.
@@ -231,7 +237,7 @@ func (t *Table) ForEachWaiter(fn func(WaiterInfo)) {
 // ForEachSession calls fn for every session, in no particular order.
 func (t *Table) ForEachSession(fn func(Session)) {
 	for _, s := range t.sessions {
-		fn(Session{ID: s.ID, ClientID: s.ClientID, TTLms: s.TTLms, CreatedAt: s.CreatedAt})
+		fn(s.copy())
 	}
 }
 

@@ -1,6 +1,8 @@
 package raftnode
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,11 +24,11 @@ type fsm struct {
 	index   uint64 // the last entry reflected in table (under mu); 0 after a restore until the next apply
 	effects func(Effect)
 	applied atomic.Uint64
-	// undecodable counts committed entries skipped because they do not
-	// decode; tooOld is the index of the newest one written by a newer
-	// lockd (0: none).
+	// undecodable counts committed entries that did not decode; halted is
+	// the index of an entry written by a newer lockd, from which on this
+	// member applies nothing (0: none).
 	undecodable atomic.Uint64
-	tooOld      atomic.Uint64
+	halted      atomic.Uint64
 	// appliedCh is closed and replaced after every applied entry, so readers
 	// waiting for an index wake without polling.
 	waitMu    sync.Mutex
@@ -52,31 +54,42 @@ func newFSM(log *slog.Logger, effects func(Effect)) *fsm {
 
 // Apply decodes and applies one committed command.
 //
-// A committed entry that does not decode is skipped, not applied: every
-// member runs the same decoder over the same bytes and skips it alike, so
-// the state stays identical everywhere, and the member keeps running
-// instead of crash-looping on the entry at every restart (which is what a
-// panic did, for every member at once). The API cannot produce such an
-// entry (every command is validated before it is encoded) and peers must
-// prove a member identity to append one; if one still appears — a bug, or
-// a newer lockd's command on an older member — the member logs it, counts
-// it, and — when the entry comes from a newer lockd, whose state this
-// member can no longer track — reports itself not ready (Undecodable).
+// No committed entry crash-loops a member (a panic here did, for every
+// member at once and again at every restart):
+//   - an entry that does not decode as any command is skipped: every
+//     member runs the same decoder over the same bytes and skips it alike,
+//     so the state stays identical everywhere. It is logged and counted.
+//   - an entry written by a newer lockd (a command version this one does
+//     not know) cannot be skipped: the others applied it. This member halts
+//     instead: it applies nothing more and refuses to snapshot, so nothing
+//     past the entry is ever saved, and it reports not ready. Restarted on
+//     a lockd that reads the entry, it replays from its last snapshot and
+//     log and catches up.
+//
+// The API cannot produce either kind (every command is validated before
+// it is encoded) and a peer must prove a member identity to append one.
 func (f *fsm) Apply(l *raft.Log) interface{} {
 	defer f.advance(l.Index)
 	if l.Type != raft.LogCommand {
 		return nil
 	}
+	if f.halted.Load() != 0 {
+		return locktable.Result{Code: locktable.CodeInvalid}
+	}
 	cmd, err := locktable.DecodeCommand(l.Data)
 	if err != nil {
 		f.undecodable.Add(1)
+		sum := sha256.Sum256(l.Data)
 		if locktable.FromNewerVersion(l.Data) {
-			f.tooOld.Store(l.Index)
-			f.log.Error("skipped a committed entry written by a newer lockd; this member cannot follow the log and reports not ready: upgrade it",
-				"index", l.Index, "bytes", len(l.Data), "err", err)
+			f.halted.Store(l.Index)
+			f.log.Error("a committed entry was written by a newer lockd: this member stops applying the log and reports not ready; upgrade it",
+				"index", l.Index, "bytes", len(l.Data), "sha256", hex.EncodeToString(sum[:8]), "err", err)
 		} else {
 			f.log.Error("skipped an undecodable committed entry (every member skips it alike)",
-				"index", l.Index, "bytes", len(l.Data), "err", err)
+				"index", l.Index, "bytes", len(l.Data), "sha256", hex.EncodeToString(sum[:8]), "err", err)
+			f.mu.Lock()
+			f.index = l.Index
+			f.mu.Unlock()
 		}
 		return locktable.Result{Code: locktable.CodeInvalid}
 	}
@@ -118,6 +131,9 @@ func (f *fsm) appliedWait() (uint64, <-chan struct{}) {
 // Snapshot encodes the table while Apply is blocked (raft guarantees it),
 // so Persist can write the bytes while the log moves on.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	if at := f.halted.Load(); at != 0 {
+		return nil, fmt.Errorf("raftnode: halted at entry %d (written by a newer lockd): no snapshot may cover it", at)
+	}
 	start := time.Now()
 	f.mu.RLock()
 	b := f.table.Snapshot()

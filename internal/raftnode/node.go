@@ -399,11 +399,11 @@ func (n *Node) CommitIndex() uint64 { return n.raft.CommitIndex() }
 // few commands).
 func (n *Node) AppliedIndex() uint64 { return n.raft.AppliedIndex() }
 
-// Undecodable reports how many committed entries this member skipped
-// because it could not decode them, and the index of the newest one that a
-// newer lockd wrote (0: none; such a member cannot follow the log).
-func (n *Node) Undecodable() (count, tooOldAt uint64) {
-	return n.fsm.undecodable.Load(), n.fsm.tooOld.Load()
+// Undecodable reports how many committed entries this member could not
+// decode, and the index of one that a newer lockd wrote, at which this
+// member halted (0: none; a halted member applies nothing more).
+func (n *Node) Undecodable() (count, haltedAt uint64) {
+	return n.fsm.undecodable.Load(), n.fsm.halted.Load()
 }
 
 // Stats returns hashicorp/raft's own counters.

@@ -46,24 +46,20 @@ func (s *Server) LeaderURL() string {
 	return u
 }
 
-// Propose stamps the leader's time into the command, replicates it, and
-// hands the committed events to the timers and to waiting clients — from
-// here, after commit, never from inside Apply.
+// Propose stamps the leader's time into the command, replicates it and
+// returns its result. What the command sets in motion (timers, pushes,
+// metrics) is not handled here: the apply loop hands every committed
+// entry's events on in log order (see effects.go), so a caller that gives
+// up early, or two callers that return in the other order, change nothing.
 func (s *Server) Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error) {
 	cmd.Now = s.cfg.Now().UnixMilli()
+	s.stampQuotas(&cmd)
 	start := time.Now()
 	res, err := s.node.Propose(ctx, cmd)
 	s.metrics.observePropose(cmd.Op, res, err, time.Since(start))
 	if err != nil {
 		return res, mapErr(err)
 	}
-	events := res.Events
-	for _, b := range res.Batch {
-		events = append(events, b.Events...)
-	}
-	s.timers.Observe(events)
-	s.hub.Publish(events)
-	s.metrics.observeEvents(events)
 	return res, nil
 }
 
@@ -88,12 +84,20 @@ func (s *Server) ReadIndex(ctx context.Context) error {
 // View reads the local state.
 func (s *Server) View(fn func(t *locktable.Table)) { s.node.View(fn) }
 
-// Keepalive resets a session's TTL on this leader.
-func (s *Server) Keepalive(id string) (int64, bool, error) {
+// Keepalive resets a session's TTL on this leader. It answers only after
+// this member has confirmed its leadership with a quorum in a round that
+// began after the keepalive arrived: a paused leader that wakes up deposed
+// never extends a client's lease (SPEC semantics 10). The new deadline
+// counts from the keepalive's arrival.
+func (s *Server) Keepalive(ctx context.Context, id string) (int64, bool, error) {
+	received := s.cfg.Now()
 	if !s.Ready() {
 		return 0, false, httpapi.ErrNotLeader
 	}
-	ttl, err := s.timers.Keepalive(id)
+	if err := s.node.ConfirmLeadership(ctx); err != nil {
+		return 0, false, mapErr(err)
+	}
+	ttl, err := s.timers.Keepalive(id, received)
 	if errors.Is(err, leader.ErrNotRunning) {
 		return 0, false, fmt.Errorf("%w: %w", httpapi.ErrNotLeader, err)
 	}
@@ -142,6 +146,12 @@ func (s *Server) Cluster(ctx context.Context) (api.ClusterStatus, error) {
 // and publishes its HTTP address. For a member already configured at the
 // same Raft address it only publishes: joins and retries are idempotent.
 func (s *Server) AddMember(ctx context.Context, req api.AddMemberRequest) error {
+	// Both addresses are stored in the replicated state, and a raft_addr
+	// that is not host:port would have the leader wait for a member that
+	// can never catch up: refuse them before anything starts.
+	if err := httpapi.ValidateAddMember(req); err != nil {
+		return err
+	}
 	if !s.Ready() {
 		return httpapi.ErrNotLeader
 	}
@@ -264,6 +274,9 @@ func (s *Server) Status() api.NodeStatus {
 // Readyz: a leader is known and this member's state is current.
 func (s *Server) Readyz() (bool, string) {
 	id, _ := s.node.Leader()
+	if _, at := s.node.Undecodable(); at > 0 {
+		return false, fmt.Sprintf("the committed entry at index %d was written by a newer lockd: this member halted there and applies nothing more; upgrade it", at)
+	}
 	switch {
 	case id == "":
 		return false, "no leader known"
@@ -288,12 +301,14 @@ func (s *Server) Backup(ctx context.Context) ([]byte, error) {
 }
 
 // RestoreBackup replaces the replicated state with a backup. Only an empty
-// cluster takes one unless force is set; either way the token counter
-// never goes down, and the running cluster's member addresses are kept.
-// Timers are rebuilt from the restored state, so sessions get a full TTL
-// from now and TTL locks already past their expiry are released after one
-// grace period.
-func (s *Server) RestoreBackup(ctx context.Context, data []byte, force bool) error {
+// cluster takes one unless Force is set. Either way the token counter never
+// goes down: the restore is built from the state at the moment it is
+// installed, with no entry proposed in between (raftnode.RestoreSnapshot),
+// so no token acknowledged before it can be issued again after it. The
+// running cluster's member addresses are kept. The apply loop rebuilds the
+// timers from the restored state, so sessions get a full TTL from now and
+// TTL locks already past their expiry are released after one grace period.
+func (s *Server) RestoreBackup(ctx context.Context, data []byte, opt httpapi.RestoreOptions) error {
 	if !s.Ready() {
 		return httpapi.ErrNotLeader
 	}
@@ -301,20 +316,17 @@ func (s *Server) RestoreBackup(ctx context.Context, data []byte, force bool) err
 	if err != nil {
 		return httpapi.Errorf(api.CodeInvalidArgument, "not a lockd backup: %v", err)
 	}
-	empty := true
-	s.node.View(func(t *locktable.Table) {
-		st := t.Stats()
-		empty = st.Locks == 0 && st.Sessions == 0 && st.LastToken == 0
-		restored.PrepareRestore(t)
+	errNotEmpty := httpapi.Errorf(api.CodeInvalidArgument, "%s; restore into a fresh cluster, or pass force=true to replace it", api.MsgRestoreNotEmpty)
+	err = s.node.RestoreSnapshot(ctx, func(current *locktable.Table) ([]byte, error) {
+		st := current.Stats()
+		if !opt.Force && (st.Locks != 0 || st.Sessions != 0 || st.LastToken != 0) {
+			return nil, errNotEmpty
+		}
+		restored.PrepareRestore(current, opt.MinToken)
+		return restored.Snapshot(), nil
 	})
-	if !empty && !force {
-		return httpapi.Errorf(api.CodeInvalidArgument, "%s; restore into a fresh cluster, or pass force=true to replace it", api.MsgRestoreNotEmpty)
-	}
-	s.timers.Stop()
-	s.hub.Reset(notify.ErrLeadershipLost)
-	err = s.node.RestoreSnapshot(restored.Snapshot())
-	if s.Ready() {
-		s.timers.Start()
+	if errors.Is(err, errNotEmpty) {
+		return err
 	}
 	if err != nil {
 		return mapErr(err)

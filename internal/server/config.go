@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lockd/lockd/internal/auth"
+	"github.com/lockd/lockd/internal/locktable"
 	"github.com/lockd/lockd/internal/raftnode"
 	"github.com/lockd/lockd/internal/tlsfiles"
 )
@@ -58,20 +59,39 @@ type Config struct {
 	// TLS serves the client API over HTTPS; with TLS.CA, clients must
 	// present a certificate signed by it (mTLS).
 	TLS *tlsfiles.Files
-	// PeerTLS secures the Raft transport with mutual TLS (CA required): a
-	// process without a certificate signed by PeerTLS.CA can neither join
-	// nor send Raft traffic. Members also use it for the HTTP calls they make
-	// to each other (joining, publishing addresses).
+	// PeerTLS secures the Raft transport with mutual TLS (CA required).
+	// Both sides of every Raft connection must present a certificate signed
+	// by PeerTLS.CA that names a member of ClusterID (URI SAN
+	// spiffe://lockd/<cluster-id>/member/<id>, see tlsfiles.MemberURI); the
+	// dialing side must be in the Raft configuration, the dialed side must
+	// be the member configured at the dialed address. This member's own
+	// certificate must name its ID. Client certificates are refused whatever
+	// CA signed them. Members also use it for the HTTP calls they make to
+	// each other (joining, publishing addresses).
 	PeerTLS *tlsfiles.Files
+	// ClusterID names this cluster in the member certificates, so a member
+	// certificate of another cluster signed by the same CA is refused;
+	// default tlsfiles.DefaultCluster.
+	ClusterID string
 	// Auth turns on bearer-token authentication of the client API.
 	Auth *auth.Store
 	// PeerToken is the (admin) token members send on their calls to each
 	// other when Auth is on.
 	PeerToken string
 
+	// Conns bounds client API connections, idle keep-alives and slow
+	// requests (zero fields: the defaults).
+	Conns ConnLimits
+
 	// CatchUpTimeout bounds how long a joining member may take to apply the
 	// leader's log before it is removed again instead of promoted.
 	CatchUpTimeout time.Duration
+
+	// Quotas bound sessions, locks and waits (0 fields: no limit; lockd's
+	// flags default to DefaultQuotas). While this member leads, it stamps
+	// them into every acquire and create-session command, and the state
+	// machine refuses what would go past them (429 resource_exhausted).
+	Quotas locktable.Quotas
 
 	// RaftDialOverrides maps a peer's Raft address (as in the configuration)
 	// to the address this member actually dials: address translation, and
@@ -129,6 +149,10 @@ func (c *Config) setDefaults() {
 	if c.CatchUpTimeout == 0 {
 		c.CatchUpTimeout = 15 * time.Second
 	}
+	if c.ClusterID == "" {
+		c.ClusterID = tlsfiles.DefaultCluster
+	}
+	c.Conns.setDefaults()
 }
 
 // Validate checks the configuration after defaults are applied.
@@ -179,8 +203,14 @@ func (c *Config) Validate() error {
 		(c.PeerTLS.Cert == "" || c.PeerTLS.Key == "" || c.PeerTLS.CA == "") {
 		errs = append(errs, errors.New("Raft mutual TLS needs all of --peer-cert, --peer-key and --peer-ca"))
 	}
+	if err := tlsfiles.ValidateCluster(c.ClusterID); err != nil {
+		errs = append(errs, fmt.Errorf("--cluster-id: %w", err))
+	}
 	if c.LogStore != "" && c.LogStore != "bolt" && c.LogStore != "wal" && c.LogStore != "memory" {
 		errs = append(errs, fmt.Errorf("--log-store %q: want bolt or wal", c.LogStore))
+	}
+	if err := validateQuotas(c.Quotas); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -91,6 +91,7 @@ type stateCollector struct {
 	s                                *Server
 	held, waiters, sessions, token   *prometheus.Desc
 	term, commit, applied, snapIndex *prometheus.Desc
+	undecodable                      *prometheus.Desc
 }
 
 func newStateCollector(s *Server) *stateCollector {
@@ -104,11 +105,13 @@ func newStateCollector(s *Server) *stateCollector {
 		commit:    d("lockd_raft_commit_index", "Raft commit index."),
 		applied:   d("lockd_raft_applied_index", "Raft applied index."),
 		snapIndex: d("lockd_raft_last_snapshot_index", "Index of the last snapshot."),
+		undecodable: prometheus.NewDesc("lockd_raft_undecodable_entries_total",
+			"Committed entries this member skipped because it could not decode them.", nil, nil),
 	}
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.held, c.waiters, c.sessions, c.token, c.term, c.commit, c.applied, c.snapIndex} {
+	for _, d := range []*prometheus.Desc{c.held, c.waiters, c.sessions, c.token, c.term, c.commit, c.applied, c.snapIndex, c.undecodable} {
 		ch <- d
 	}
 }
@@ -121,6 +124,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	g(c.waiters, float64(st.Waiters))
 	g(c.sessions, float64(st.Sessions))
 	g(c.token, float64(st.LastToken))
+	n, _ := c.s.node.Undecodable()
+	ch <- prometheus.MustNewConstMetric(c.undecodable, prometheus.CounterValue, float64(n))
 	rs := c.s.node.Stats()
 	for d, key := range map[*prometheus.Desc]string{c.term: "term", c.commit: "commit_index",
 		c.applied: "applied_index", c.snapIndex: "last_snapshot_index"} {

@@ -16,13 +16,7 @@ import (
 	"github.com/lockd/lockd/internal/locktable"
 	"github.com/lockd/lockd/internal/server"
 	"github.com/lockd/lockd/internal/testutil"
-	"github.com/lockd/lockd/internal/tlsfiles"
 )
-
-func peerTLS(ca *testutil.CA, name string) *tlsfiles.Files {
-	cert, key := ca.Issue(name)
-	return &tlsfiles.Files{Cert: cert, Key: key, CA: ca.CertPEM}
-}
 
 // TestRaftMutualTLS: members with certificates from the cluster CA form a
 // cluster; a process with a certificate from another CA can neither join
@@ -30,7 +24,7 @@ func peerTLS(ca *testutil.CA, name string) *tlsfiles.Files {
 func TestRaftMutualTLS(t *testing.T) {
 	good := testutil.NewCA(t, "cluster-ca")
 	c := testutil.NewCluster(t, 3, testutil.Options{Modify: func(cfg *server.Config) {
-		cfg.PeerTLS = peerTLS(good, cfg.ID)
+		cfg.PeerTLS = memberTLS(good, cfg.ID)
 		cfg.CatchUpTimeout = 2 * time.Second
 	}})
 	l := c.WaitLeader(15 * time.Second)
@@ -79,7 +73,7 @@ func TestRaftMutualTLS(t *testing.T) {
 
 	// A member with the wrong certificate tries to join through the API: the
 	// leader cannot replicate to it, so it is never promoted and is taken out.
-	rogue := c.AddMember("rogue", l.URL(), func(cfg *server.Config) { cfg.PeerTLS = peerTLS(evil, "rogue") })
+	rogue := c.AddMember("rogue", l.URL(), func(cfg *server.Config) { cfg.PeerTLS = memberTLS(evil, "rogue") })
 	// It is added as a non-voter, never catches up, and is removed again.
 	sawNonvoter := false
 	testutil.WaitFor(t, 10*time.Second, "the rogue to be taken out of the configuration", func() bool {

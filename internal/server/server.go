@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"github.com/lockd/lockd/internal/httpapi"
 	"github.com/lockd/lockd/internal/leader"
 	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/netlimit"
 	"github.com/lockd/lockd/internal/notify"
 	"github.com/lockd/lockd/internal/raftnode"
 )
@@ -35,6 +37,7 @@ type Server struct {
 	node    *raftnode.Node
 	timers  *leader.Timers
 	hub     *notify.Hub
+	effects *effectQueue
 	metrics *metrics
 
 	httpSrv    *http.Server
@@ -43,6 +46,7 @@ type Server struct {
 	baseCtx    context.Context
 	baseCancel context.CancelFunc
 	client     *http.Client
+	named      sync.Map // hosts a member redirected to (see checkRedirect)
 
 	ready     atomic.Bool
 	done      chan struct{}
@@ -55,7 +59,7 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, hub: notify.NewHub(), done: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger, hub: notify.NewHub(), effects: newEffectQueue(), done: make(chan struct{})}
 	s.baseCtx, s.baseCancel = context.WithCancel(context.Background())
 
 	ln := cfg.HTTPListener
@@ -66,6 +70,8 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("listen on --http-addr %s: %w", cfg.HTTPAddr, err)
 		}
 	}
+	// Capped before TLS, so a handshake in progress holds its slot too.
+	ln = netlimit.Wrap(ln, netlimit.Limits{Total: cfg.Conns.MaxConns, PerIP: cfg.Conns.MaxConnsPerIP})
 	scheme := "http://"
 	if cfg.TLS.Enabled() {
 		if err := cfg.TLS.Reload(); err != nil {
@@ -83,7 +89,10 @@ func New(cfg Config) (*Server, error) {
 
 	raftLn, raftDial := cfg.RaftListener, dialer(cfg.RaftDial, cfg.RaftDialOverrides)
 	transport := &http.Transport{MaxIdleConnsPerHost: 4}
+	members := &raftMembers{}
 	if cfg.PeerTLS.Enabled() {
+		peers := peerPolicy(cfg, members)
+		cfg.PeerTLS.Check = peers.Check // also on every Reload
 		if err := cfg.PeerTLS.Reload(); err != nil {
 			ln.Close()
 			return nil, fmt.Errorf("Raft TLS: %w", err)
@@ -95,11 +104,12 @@ func New(cfg Config) (*Server, error) {
 				return nil, fmt.Errorf("listen on --raft-addr %s: %w", cfg.RaftAddr, err)
 			}
 		}
-		raftLn = tls.NewListener(raftLn, cfg.PeerTLS.ServerConfig())
-		raftDial = cfg.PeerTLS.Dialer(raftDial)
+		raftLn = tls.NewListener(raftLn, cfg.PeerTLS.PeerServerConfig(peers))
+		raftDial = cfg.PeerTLS.PeerDialer(peers, raftDial)
 		transport.DialTLSContext = cfg.PeerTLS.DialTLS
 	}
-	s.client = &http.Client{Timeout: 10 * time.Second, Transport: &tokenTransport{base: transport, token: cfg.PeerToken}}
+	s.client = &http.Client{Timeout: 10 * time.Second, CheckRedirect: s.checkRedirect,
+		Transport: &tokenTransport{base: transport, token: cfg.PeerToken, trusted: s.memberHost}}
 
 	var peers []raftnode.Peer
 	if cfg.InitialCluster != "" {
@@ -110,7 +120,7 @@ func New(cfg Config) (*Server, error) {
 		Help:    "Commands carried per Raft log entry (group commit).",
 		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
 	})
-	node, err := raftnode.New(raftnode.Config{BatchSizes: batchSizes,
+	node, err := raftnode.New(raftnode.Config{BatchSizes: batchSizes, Effects: s.effects.push,
 		ID: cfg.ID, DataDir: cfg.DataDir, RaftAddr: cfg.RaftAddr, Advertise: cfg.RaftAdvertise,
 		InitialCluster: peers, Join: cfg.Join != "",
 		HeartbeatTimeout: cfg.HeartbeatTimeout, ElectionTimeout: cfg.ElectionTimeout,
@@ -123,19 +133,22 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.node = node
+	members.node.Store(node)
 	s.timers = leader.New(leader.Config{Proposer: s, Viewer: node, Grace: cfg.ElectionTimeout,
 		Now: cfg.Now, Logger: cfg.Logger})
 	s.metrics = newMetrics(cfg.Registry, s, batchSizes)
 
 	h := httpapi.New(httpapi.Config{Backend: s, Observer: s.metrics, Auth: cfg.Auth, Logger: cfg.Logger,
 		Metrics: promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}),
-		Extra:   map[string]http.Handler{"GET /ui/": dashboard.New(s, cfg.Logger, dashboard.WithAuth(cfg.Auth)), "GET /ui": http.RedirectHandler("/ui/", http.StatusMovedPermanently)},
+		Extra:   map[string]http.Handler{"/ui/": dashboard.New(s, cfg.Logger, dashboard.WithAuth(cfg.Auth)), "GET /ui": http.RedirectHandler("/ui/", http.StatusMovedPermanently)},
 		Pprof:   cfg.Pprof})
-	s.httpSrv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
+	s.httpSrv = &http.Server{Handler: limitRequests(h, cfg.Conns), ReadHeaderTimeout: headerTimeout,
+		IdleTimeout: cfg.Conns.IdleTimeout,
 		BaseContext: func(net.Listener) context.Context { return s.baseCtx },
 		ErrorLog:    slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
 
-	s.wg.Add(3)
+	s.wg.Add(4)
+	go s.runEffects()
 	go func() {
 		defer s.wg.Done()
 		if err := s.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -416,18 +429,68 @@ func (s *Server) Reload() error {
 	return err
 }
 
-// tokenTransport adds the member token to member-to-member calls.
+// tokenTransport adds the member token to member-to-member calls, and
+// only to them: a request (or a redirect followed) to any host that is not
+// a published member or the --join URL goes without it.
 type tokenTransport struct {
-	base  http.RoundTripper
-	token string
+	base    http.RoundTripper
+	token   string
+	trusted func(host string) bool
 }
 
 func (t *tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if t.token != "" {
+	if t.token != "" && t.trusted(r.URL.Host) {
 		r = r.Clone(r.Context())
 		r.Header.Set("Authorization", "Bearer "+t.token)
 	}
 	return t.base.RoundTrip(r)
+}
+
+// memberHost reports whether host (host:port) is this member's, a published
+// member's, the --join URL's, or one a member redirected to.
+func (s *Server) memberHost(host string) bool {
+	hostOf := func(raw string) string {
+		u, err := url.Parse(raw)
+		if err != nil {
+			return ""
+		}
+		return u.Host
+	}
+	if host == "" {
+		return false
+	}
+	if host == hostOf(s.url) || (s.cfg.Join != "" && host == hostOf(normalizeURL(s.cfg.Join))) {
+		return true
+	}
+	if _, ok := s.named.Load(host); ok {
+		return true
+	}
+	found := false
+	s.node.View(func(t *locktable.Table) {
+		for _, m := range t.Members() {
+			found = found || hostOf(m.HTTPAddr) == host
+		}
+	})
+	return found
+}
+
+// checkRedirect follows a member's 307 to the leader only to another
+// member, and never from https to plain http.
+func (s *Server) checkRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) >= 5 {
+		return errors.New("stopped after 5 redirects")
+	}
+	if via[0].URL.Scheme == "https" && req.URL.Scheme != "https" {
+		return fmt.Errorf("refusing a redirect from https to %s", req.URL.Redacted())
+	}
+	prev := via[len(via)-1].URL.Host
+	if !s.memberHost(prev) {
+		return fmt.Errorf("refusing a redirect by %s to %s: %s is not a member of this cluster", prev, req.URL.Redacted(), prev)
+	}
+	// A member names the leader: a joining member does not know the
+	// members yet, so it trusts whom the member it was told to join names.
+	s.named.Store(req.URL.Host, true)
+	return nil
 }
 
 // dialer applies address overrides in front of the Raft dialer.

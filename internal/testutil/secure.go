@@ -27,11 +27,16 @@ func AuthFile(t testing.TB, tokensJSON string) (string, *auth.Store) {
 
 // Secure is an Options.Modify that turns everything on: HTTPS with client
 // certificates required on the client API and mutual TLS between members
-// (each member gets a certificate from ca), bearer tokens from store, and
-// peerToken for the members' calls to each other.
+// (each member gets a member certificate of its cluster from ca, for both),
+// bearer tokens from store, and peerToken for the members' calls to each
+// other.
 func Secure(ca *CA, store *auth.Store, peerToken string) func(*server.Config) {
 	return func(cfg *server.Config) {
-		cert, key := ca.Issue(cfg.ID)
+		cluster := cfg.ClusterID
+		if cluster == "" {
+			cluster = tlsfiles.DefaultCluster
+		}
+		cert, key := ca.IssueMember(cluster, cfg.ID)
 		cfg.TLS = &tlsfiles.Files{Cert: cert, Key: key, CA: ca.CertPEM}
 		cfg.PeerTLS = &tlsfiles.Files{Cert: cert, Key: key, CA: ca.CertPEM}
 		cfg.Auth = store

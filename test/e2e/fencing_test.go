@@ -306,14 +306,25 @@ func TestFencingSignedProofsEndToEnd(t *testing.T) {
 	// token is now stale: 409, not 403.
 	pc.kill(leader)
 	newLeader := pc.leader(10 * time.Second)
-	g2 := fencAcquire(t, pc.procs[newLeader].url(), "orders-2", "worker-3")
-	if _, err := fence.Verify(pub, "orders-2", g2.token, g2.proof); err != nil {
+	// worker-1 hands the lock on; worker-3's grant of the same lock (the
+	// one that guards key ledger) comes from the new leader.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		r := testutil.Post(pc.procs[newLeader].url()+"/api/v1/locks/orders/release", map[string]any{"client_id": "worker-1", "fencing_token": g.token})
+		if r.Status == http.StatusOK {
+			break
+		}
+		if r.Status != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			t.Fatalf("release orders on the new leader: %d %s", r.Status, r.Raw)
+		}
+	}
+	g2 := fencAcquire(t, pc.procs[newLeader].url(), "orders", "worker-3")
+	if _, err := fence.Verify(pub, "orders", g2.token, g2.proof); err != nil {
 		t.Fatalf("grant by the new leader %s: %v", newLeader, err)
 	}
 	if g2.token <= other.token {
 		t.Fatalf("token after failover %d not above %d", g2.token, other.token)
 	}
-	fencWant(t, "write with the new leader's grant", fs.put(t, fencWrite{key: "ledger", lock: "orders-2", token: g2.token, proof: g2.proof, value: "v3 by worker-3"}), http.StatusOK, "")
+	fencWant(t, "write with the new leader's grant", fs.put(t, fencWrite{key: "ledger", lock: "orders", token: g2.token, proof: g2.proof, value: "v3 by worker-3"}), http.StatusOK, "")
 	ok.value = "late write by worker-1"
 	r := fs.put(t, ok)
 	fencWant(t, "valid proof, stale token", r, http.StatusConflict, "stale_token")
