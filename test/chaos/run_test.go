@@ -267,7 +267,7 @@ func summarize(cfg runConfig, h History, rep *Report, nem *Nemesis, c *Cluster, 
 		rep.ExpiryChecked, electionTimeout(h), rep.ExpiryPast)
 	fmt.Fprintf(&b, "waiters: %d waits checked for a grant visible a second before they were told; Go client: %d grants' Lost() compared with the next grant\n",
 		rep.WaitsChecked, rep.LostChecked)
-	fmt.Fprintf(&b, "restores: %d forced restores with grants on both sides; keepalives: %d sent to a paused leader; member additions refused: %d tried\n",
+	fmt.Fprintf(&b, "restores: %d forced restores with grants on both sides; keepalives: %d sent to a paused leader; bad member additions: %d sent\n",
 		rep.RestoresChecked, rep.KeepalivesPaused, rep.MemberAdds)
 
 	kinds := map[string]int{}
