@@ -2,12 +2,14 @@
 // loopback with a fault-injecting proxy on every directed Raft link, a
 // nemesis that kills, pauses, partitions and reconfigures them while
 // clients (raw HTTP and the Go client over WebSocket) work, and checkers
-// that read the recorded history: mutual exclusion, fencing-token order,
-// FIFO, durability of acknowledged writes, the fencestore's token order,
-// and linearizability of lock operations with porcupine.
+// that read the recorded history: mutual exclusion, fencing-token order
+// (also across a forced restore), FIFO, durability of acknowledged writes,
+// the fencestore's token order, linearizability of lock operations with
+// porcupine — and liveness: locks expire, waiters are told, the Go client
+// lets go in time, no member dies (see README.md).
 //
 //	go test ./test/chaos -run Chaos -v                         # CI: ~30 s on 3 members + ~15 s on 5
-//	go test ./test/chaos -run Chaos -v -chaos.duration=10m -chaos.members=5 -chaos.seed=7
+//	go test ./test/chaos -run Chaos -v -timeout 0 -chaos.duration=10m -chaos.members=5 -chaos.seed=7
 //	go test ./test/chaos -run Replay -v -chaos.replay=test/chaos/runs/<run>/history.json
 //
 // A failed run writes its history, violations and member logs to
