@@ -239,6 +239,7 @@ func TestAPICommandsRoundTrip(t *testing.T) {
 			body = obj(field("id", jsonString(id)), field("raft_addr", jsonString(raft)), field("http_addr", jsonString(http)))
 		}
 		req := httptest.NewRequest(method, target, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		cmds, members := b.taken()
@@ -471,6 +472,7 @@ func TestBodyLimitEverywhere(t *testing.T) {
 	}
 	// Without a Content-Length the body is cut off while it is read.
 	req := httptest.NewRequest("POST", "/api/v1/locks/x/acquire", io.MultiReader(strings.NewReader(big)))
+	req.Header.Set("Content-Type", "application/json")
 	req.ContentLength = -1
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
@@ -642,6 +644,7 @@ func TestRestoreLimit(t *testing.T) {
 		t.Fatalf("2 KiB backup over a 1 KiB limit: %d %s", r.status, r.raw)
 	}
 	req := httptest.NewRequest("POST", "/api/v1/snapshot/restore", io.MultiReader(bytes.NewReader(big)))
+	req.Header.Set("Content-Type", "application/octet-stream")
 	req.ContentLength = -1
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
@@ -660,6 +663,7 @@ func TestRestoreLimit(t *testing.T) {
 	}
 	h = New(Config{Backend: f, MaxRestoreBytes: 1 << 20})
 	req = httptest.NewRequest("POST", "/api/v1/snapshot/restore", bytes.NewReader(backup))
+	req.Header.Set("Content-Type", "application/octet-stream")
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	if rec.Code != 200 {

@@ -35,6 +35,9 @@ func do(t *testing.T, h http.Handler, method, path, body string) reply {
 	t.Helper()
 	req := httptest.NewRequest(method, path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	if strings.HasPrefix(path, "/api/v1/snapshot/restore") {
+		req.Header.Set("Content-Type", "application/octet-stream")
+	}
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	r := reply{status: rec.Code, header: rec.Header(), raw: rec.Body.String()}
@@ -245,6 +248,7 @@ func TestHTTPOldWaitDoesNotAnswerRetry(t *testing.T) {
 	first := make(chan int, 1)
 	go func() {
 		req := httptest.NewRequest("POST", "/api/v1/locks/l/acquire", strings.NewReader(`{"client_id":"B","ttl_ms":60000,"wait_timeout_ms":5}`)).WithContext(ctx)
+		req.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		first <- rec.Code

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"fmt"
+	"mime"
 	"net/http"
 	"net/url"
 	"slices"
@@ -135,6 +136,10 @@ func (rt *router) dispatch(w http.ResponseWriter, r *http.Request, x *route, var
 			msg: fmt.Sprintf("%s is not allowed on %s; allowed: %s", r.Method, x.pattern, allow)})
 		return
 	}
+	if err := sameSite(r, x.ownBody); err != nil {
+		writeError(w, err)
+		return
+	}
 	if !x.ownBody && r.ContentLength > api.MaxBodyBytes {
 		writeError(w, &apiError{code: api.CodePayloadTooLarge, msg: fmt.Sprintf("request body is over %d KiB", api.MaxBodyBytes>>10)})
 		return
@@ -176,4 +181,45 @@ func (x *route) allow() string {
 // (a wrong method is 405 naming it) and its body limit holds.
 func notServed(w http.ResponseWriter, r *http.Request) {
 	writeError(w, &apiError{code: api.CodeNotFound, msg: r.Method + " " + r.URL.Path + " is not served by this version of lockd"})
+}
+
+// sameSite refuses a state-changing request a web page could make from
+// another site (CSRF): lockd's default member listens on 127.0.0.1 without
+// authentication, so any page its operator visits could otherwise post to
+// it. A browser sends Origin (and Sec-Fetch-Site) with such requests, and
+// an HTML form or a fetch that needs no CORS preflight can only send
+// text/plain, form encodings or no type at all: so a body must be
+// application/json (a restore's application/octet-stream), and a request
+// from a foreign origin is refused whatever it carries. Clients that are
+// not browsers send no Origin and are not affected.
+func sameSite(r *http.Request, binaryBody bool) error {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return nil
+	}
+	if site := r.Header.Get("Sec-Fetch-Site"); site == "cross-site" || site == "same-site" {
+		return &apiError{code: api.CodePermissionDenied, msg: "cross-site request refused (Sec-Fetch-Site: " + site + ")"}
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		u, err := url.Parse(o)
+		if err != nil || u.Host != r.Host {
+			return &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf("request from origin %q refused: state-changing requests are accepted from this member's own origin or from clients that send no Origin", o)}
+		}
+	}
+	if r.ContentLength == 0 {
+		return nil
+	}
+	want := "application/json"
+	if binaryBody {
+		want = "application/octet-stream"
+	}
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || mt != want {
+		hint := ""
+		if want == "application/json" {
+			hint = " (curl: -H 'Content-Type: application/json')"
+		}
+		return invalid("Content-Type must be %s, got %q%s", want, r.Header.Get("Content-Type"), hint)
+	}
+	return nil
 }

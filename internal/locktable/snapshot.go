@@ -186,5 +186,8 @@ func Restore(b []byte) (*Table, error) {
 	if r.err != nil {
 		return nil, r.err
 	}
+	if err := t.checkInvariants(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
 	return t, nil
 }

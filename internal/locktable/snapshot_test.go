@@ -40,7 +40,7 @@ func richLog() []lt.Command {
 		acqS("ttl", "cs1", "s1", 500, 60000, now),    // queued via s1
 		acqS("sess", "cs1", "s1", 0, 0, now),         // tok+2, no TTL
 		acq("sess", "w4", 1000, 60000, now),          // queued
-		acqS("sess+ttl", "cs2", "s2", 10000, 0, now), // tok+3
+		acqS("sess.ttl", "cs2", "s2", 10000, 0, now), // tok+3
 		acq("jobs/nightly", "c1", 5000, 0, now),      // tok+4
 		acq("jobs/nightly", "c2", 5000, 60000, now),  // queued
 		rel("jobs/nightly", "c1", tok+4, now+10),     // hand-off: c2 gets tok+5
@@ -201,7 +201,7 @@ func TestRestoredBehavesIdentically(t *testing.T) {
 		{expLock("ttl", ttlTok, now+2), lt.OK},                     // stale: re-acquire moved the expiry
 		{expLock("ttl", ttlTok, now+30000), lt.OK},                 // hands off to w1
 		{rel("sess", "cs1", sessTok, now+30001), lt.CodeNotHolder}, // lost with its session
-		{delSess("s2", now+30002), lt.OK},                          // frees sess+ttl, drops cs2's wait on ttl
+		{delSess("s2", now+30002), lt.OK},                          // frees sess.ttl, drops cs2's wait on ttl
 		{expLock("batched", last, now+30003), lt.OK},               // c7 expires; c8's wait has passed
 		{acqS("x", "cs1", "s1", 0, 0, now+30004), lt.CodeSessionExpired},
 		{setMember("n4", "r4", "h4", now+30005), lt.OK},
