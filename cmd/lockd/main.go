@@ -76,6 +76,7 @@ func run(args []string, stderr io.Writer) int {
 	fs.IntVar(&cfg.Conns.MaxConnsPerIP, "max-conns-per-ip", server.DefaultMaxConnsPerIP, "client API connections open at once from one remote IP")
 	fs.DurationVar(&cfg.Conns.IdleTimeout, "idle-timeout", server.DefaultIdleTimeout, "close a client API keep-alive connection idle this long")
 	fs.DurationVar(&cfg.Conns.BodyTimeout, "body-timeout", server.DefaultBodyTimeout, "a request body must arrive within this (headers: 10 s)")
+	fs.Int64Var(&cfg.MaxRestoreBytes, "max-restore-bytes", 256<<20, "largest backup a restore accepts (413 beyond); below 2 GiB, the largest snapshot a member reads")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: lockd [flags]\n\nRuns one lockd member. Every flag can also be set in the environment as\nLOCKD_<FLAG> (upper case, '-' as '_'), e.g. LOCKD_DATA_DIR. With neither\n--initial-cluster nor --join, a new data dir bootstraps a one-member cluster.\nA restart on an existing data dir ignores both and rejoins with its state.\nSIGTERM stops gracefully (leadership is handed over first).\nQuotas (--max-*) are checked by the leader's values at the time of each\nrequest; over one, a request gets 429 resource_exhausted naming it.\n\nFlags:\n")

@@ -540,7 +540,8 @@ func (h *Handler) release(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if _, ok := h.allow(w, r, auth.Lock, name, false); !ok {
+	who, ok := h.allow(w, r, auth.Lock, name, false)
+	if !ok {
 		return
 	}
 	var req api.ReleaseRequest
@@ -560,7 +561,7 @@ func (h *Handler) release(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := h.b.Propose(r.Context(), locktable.Command{Op: locktable.OpRelease, Lock: name,
-		ClientID: req.ClientID, Token: req.FencingToken})
+		ClientID: req.ClientID, Token: req.FencingToken, Owner: who.Name})
 	if err != nil {
 		writeError(w, err)
 		return
@@ -578,7 +579,8 @@ func (h *Handler) renew(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if _, ok := h.allow(w, r, auth.Lock, name, false); !ok {
+	who, ok := h.allow(w, r, auth.Lock, name, false)
+	if !ok {
 		return
 	}
 	var req api.RenewRequest
@@ -601,7 +603,7 @@ func (h *Handler) renew(w http.ResponseWriter, r *http.Request) {
 	if h.routeToLeader(w, r) {
 		return
 	}
-	cmd := locktable.Command{Op: locktable.OpRenew, Lock: name, ClientID: req.ClientID, Token: req.FencingToken}
+	cmd := locktable.Command{Op: locktable.OpRenew, Lock: name, ClientID: req.ClientID, Token: req.FencingToken, Owner: who.Name}
 	if req.TTLms != nil {
 		cmd.TTLms = *req.TTLms
 	}

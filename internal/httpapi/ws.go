@@ -326,7 +326,7 @@ func (wc *wsConn) release(req api.WSRequest) error {
 		return err
 	}
 	res, err := wc.h.b.Propose(wc.ctx, locktable.Command{Op: locktable.OpRelease, Lock: req.Lock,
-		ClientID: wc.client, Token: req.FencingToken})
+		ClientID: wc.client, Token: req.FencingToken, Owner: wc.id.Name})
 	if err != nil {
 		return err
 	}
@@ -347,7 +347,7 @@ func (wc *wsConn) renew(req api.WSRequest) error {
 	if err := checkRange("ttl_ms", req.TTLms, api.MinTTLms, api.MaxTTLms); err != nil {
 		return err
 	}
-	cmd := locktable.Command{Op: locktable.OpRenew, Lock: req.Lock, ClientID: wc.client, Token: req.FencingToken}
+	cmd := locktable.Command{Op: locktable.OpRenew, Lock: req.Lock, ClientID: wc.client, Token: req.FencingToken, Owner: wc.id.Name}
 	if req.TTLms != nil {
 		cmd.TTLms = *req.TTLms
 	}

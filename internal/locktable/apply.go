@@ -184,6 +184,11 @@ func (t *Table) acquire(c Command, r *Result) {
 		}
 		l = t.lockFor(c.Lock)
 	}
+	if h := l.Holder; h != nil && h.ClientID == c.ClientID && !sameOwner(h.Owner, c.Owner) {
+		// The holder's client id used by another identity: not a retry.
+		r.Code, r.Holder = CodeLockHeld, h.ClientID
+		return
+	}
 	if h := l.Holder; h != nil && h.ClientID == c.ClientID {
 		// Idempotent re-acquire by the holder: same grant, expiry refreshed.
 		if c.TTLms > 0 {
@@ -199,6 +204,10 @@ func (t *Table) acquire(c Command, r *Result) {
 		w := &l.Waiters[i]
 		if w.ClientID != c.ClientID {
 			continue
+		}
+		if !sameOwner(w.Owner, c.Owner) {
+			r.Code, r.Holder = CodeLockHeld, holderOf(l)
+			return
 		}
 		// Idempotent retry by a waiter: it keeps its place.
 		if c.WaitMs > 0 {
@@ -325,7 +334,7 @@ func (t *Table) unwait(lock string, w Waiter) {
 
 func (t *Table) release(c Command, r *Result) {
 	l, ok := t.locks[c.Lock]
-	if !ok || l.Holder == nil || l.Holder.ClientID != c.ClientID || l.Holder.Token != c.Token {
+	if !ok || l.Holder == nil || l.Holder.ClientID != c.ClientID || l.Holder.Token != c.Token || !sameOwner(l.Holder.Owner, c.Owner) {
 		if who, ok := t.memoIdx[memoKey{c.Lock, c.Token}]; ok && who == c.ClientID {
 			r.Token = c.Token // a retry of a release that already happened
 			return
@@ -360,7 +369,7 @@ func (t *Table) renew(c Command, r *Result) {
 		return
 	}
 	l, ok := t.locks[c.Lock]
-	if !ok || l.Holder == nil || l.Holder.ClientID != c.ClientID || l.Holder.Token != c.Token {
+	if !ok || l.Holder == nil || l.Holder.ClientID != c.ClientID || l.Holder.Token != c.Token || !sameOwner(l.Holder.Owner, c.Owner) {
 		r.Code = CodeNotHolder
 		return
 	}
@@ -474,4 +483,18 @@ func (t *Table) endSession(c Command, r *Result, reason string) {
 		t.handOff(l, c.Now, &r.Events)
 	}
 	r.Events = append(r.Events, Event{Kind: EvSessionEnded, SessionID: s.ID, ClientID: s.ClientID, Reason: reason})
+}
+
+// sameOwner ties a client id to the identity (auth token name) that used it
+// first: another identity naming the same client id is another client, so
+// it can neither release, renew nor re-acquire that grant. A grant with no
+// recorded owner (made without authentication, or before owners were
+// recorded) is anybody's, as it was.
+func sameOwner(recorded, caller string) bool { return recorded == "" || recorded == caller }
+
+func holderOf(l *Lock) string {
+	if l.Holder == nil {
+		return ""
+	}
+	return l.Holder.ClientID
 }

@@ -1,6 +1,7 @@
 package locktable_test
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 
@@ -72,5 +73,33 @@ func TestRestoreRefusesBrokenInvariants(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: restore gave %v, want an error naming %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestClientIDIsTiedToItsIdentity: within one lock prefix, a token that
+// names another identity's client id can neither release, renew nor
+// re-acquire (and so take over) that identity's grant.
+func TestClientIDIsTiedToItsIdentity(t *testing.T) {
+	tb := lt.New()
+	own := func(c lt.Command, owner string) lt.Command { c.Owner = owner; return c }
+	r := tb.Apply(own(acq("shared/x", "worker", 60000, 0, t0), "alice"))
+	if !r.Granted {
+		t.Fatalf("acquire: %+v", r)
+	}
+	before := tb.Snapshot()
+	if r := tb.Apply(own(rel("shared/x", "worker", r.Token, t0+1), "mallory")); r.Code != lt.CodeNotHolder {
+		t.Fatalf("release by another identity: %v, want not_holder", r.Code)
+	}
+	if r := tb.Apply(own(renew("shared/x", "worker", 1, 60000, t0+1), "mallory")); r.Code != lt.CodeNotHolder {
+		t.Fatalf("renew by another identity: %v, want not_holder", r.Code)
+	}
+	if r := tb.Apply(own(acq("shared/x", "worker", 60000, 0, t0+1), "mallory")); r.Granted || r.Code != lt.CodeLockHeld {
+		t.Fatalf("re-acquire by another identity: %+v, want lock_held", r)
+	}
+	if !bytes.Equal(before, tb.Snapshot()) {
+		t.Fatal("refused requests changed the state")
+	}
+	if r := tb.Apply(own(rel("shared/x", "worker", 1, t0+2), "alice")); r.Code != lt.OK {
+		t.Fatalf("release by the owner: %v", r.Code)
 	}
 }

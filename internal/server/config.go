@@ -79,6 +79,10 @@ type Config struct {
 	// other when Auth is on.
 	PeerToken string
 
+	// MaxRestoreBytes bounds an uploaded backup (0: httpapi's default,
+	// 256 MiB); it must stay below raftnode.MaxSnapshotBytes.
+	MaxRestoreBytes int64
+
 	// Conns bounds client API connections, idle keep-alives and slow
 	// requests (zero fields: the defaults).
 	Conns ConnLimits
@@ -159,6 +163,9 @@ func (c *Config) setDefaults() {
 func (c *Config) Validate() error {
 	c.setDefaults()
 	var errs []error
+	if c.MaxRestoreBytes < 0 || c.MaxRestoreBytes >= raftnode.MaxSnapshotBytes {
+		errs = append(errs, fmt.Errorf("--max-restore-bytes %d: want 1 to %d (0: 256 MiB)", c.MaxRestoreBytes, int64(raftnode.MaxSnapshotBytes)-1))
+	}
 	if strings.ContainsAny(c.ID, " ,=/") || len(c.ID) > 128 {
 		errs = append(errs, fmt.Errorf("--id %q: use up to 128 characters without spaces, ',', '=' or '/'", c.ID))
 	}
