@@ -140,9 +140,9 @@ func New(cfg Config) (*Server, error) {
 
 	h := httpapi.New(httpapi.Config{Backend: s, Observer: s.metrics, Auth: cfg.Auth, Logger: cfg.Logger,
 		MaxRestoreBytes: cfg.MaxRestoreBytes,
-		Metrics: promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}),
-		Extra:   map[string]http.Handler{"/ui/": dashboard.New(s, cfg.Logger, dashboard.WithAuth(cfg.Auth)), "GET /ui": http.RedirectHandler("/ui/", http.StatusMovedPermanently)},
-		Pprof:   cfg.Pprof})
+		Metrics:         promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}),
+		Extra:           map[string]http.Handler{"/ui/": dashboard.New(s, cfg.Logger, dashboard.WithAuth(cfg.Auth)), "GET /ui": http.RedirectHandler("/ui/", http.StatusMovedPermanently)},
+		Pprof:           cfg.Pprof})
 	s.httpSrv = &http.Server{Handler: limitRequests(h, cfg.Conns), ReadHeaderTimeout: headerTimeout,
 		IdleTimeout: cfg.Conns.IdleTimeout,
 		BaseContext: func(net.Listener) context.Context { return s.baseCtx },
