@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -31,6 +32,9 @@ type fakeBackend struct {
 	// before, when set, runs ahead of a proposal and returns commands to
 	// commit first (a timer's proposal racing a client's).
 	before func(cmd locktable.Command) []locktable.Command
+	// commitDelay, when set, is how long every proposal takes to commit
+	// (concurrent proposals overlap, as replication rounds do).
+	commitDelay time.Duration
 }
 
 func newFake() *fakeBackend {
@@ -63,6 +67,9 @@ func (f *fakeBackend) LeaderURL() string {
 
 func (f *fakeBackend) Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error) {
 	f.proposed.Add(1)
+	if f.commitDelay > 0 {
+		time.Sleep(f.commitDelay)
+	}
 	f.mu.Lock()
 	if f.before != nil {
 		for _, c := range f.before(cmd) {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	"net/http"
 
@@ -19,25 +18,40 @@ import (
 	"github.com/lockd/lockd/internal/notify"
 )
 
-// wsConn is one WebSocket connection carrying one session. Requests are
-// handled in order on the read goroutine; grants, losses and wait outcomes
-// arrive from the event subscription and are pushed from a second goroutine.
+// wsConn is one WebSocket connection carrying one session.
+//
+// Requests are served concurrently (SPEC: one connection carries the
+// concurrent work of a whole process): hello on the read goroutine, before
+// anything read after it; every other request on a goroutine of its own,
+// except that requests naming the same lock go through that lock's lane,
+// one after another in the order they were read, so they take effect in the
+// order they were sent. Replies go out as their requests complete, matched
+// by id, through one writer (wswriter.go). Grants, losses and wait outcomes
+// arrive from the event subscription and are pushed from the push loop.
 type wsConn struct {
-	h       *Handler
-	c       *websocket.Conn
-	ctx     context.Context
-	cancel  context.CancelFunc
-	writeMu sync.Mutex
+	h      *Handler
+	c      *websocket.Conn
+	w      *wsWriter
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu       sync.Mutex
 	session  string
 	client   string
 	ttl      int64
 	sub      *notify.Sub
-	pending  map[string]*pendingAcquire // lock -> the acquire waiting for its answer
+	pending  map[string][]*pendingAcquire // lock -> acquires waiting for their answer, in the order sent
+	lanes    map[string][]api.WSRequest   // lock -> requests waiting for that lock's lane
 	subReady chan struct{}
 	id       auth.Identity // the connection's token, when auth is on
+
+	work     sync.WaitGroup // request goroutines
+	inflight chan struct{}  // bounds the requests in flight
 }
+
+// maxInflight bounds the requests one connection may have in flight; the
+// read loop waits for a slot beyond it (backpressure, not an error).
+const maxInflight = 1024
 
 // pendingAcquire is an acquire sent on this connection and not yet
 // answered. deadline is its wait's deadline once the queued command has
@@ -65,14 +79,17 @@ func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	c, err := websocket.Accept(w, r, nil)
+	cw := &corkingWriter{ResponseWriter: w}
+	c, err := websocket.Accept(cw, r, nil)
 	if err != nil {
 		return // Accept wrote the HTTP error
 	}
 	c.SetReadLimit(api.MaxBodyBytes + 1) // readFrame answers a frame over MaxBodyBytes before this limit closes the connection
 	ctx, cancel := context.WithCancel(r.Context())
-	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string]*pendingAcquire{}, subReady: make(chan struct{}),
-		id: id}
+	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string][]*pendingAcquire{},
+		lanes: map[string][]api.WSRequest{}, subReady: make(chan struct{}), id: id,
+		inflight: make(chan struct{}, maxInflight)}
+	wc.w = newWSWriter(c, cw.cork, cancel)
 	defer cancel()
 	if !h.b.Ready() {
 		leader := h.b.LeaderURL()
@@ -83,6 +100,7 @@ func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
 			msg.Leader = ""
 		}
 		wc.send(msg)
+		wc.w.close()
 		c.Close(websocket.StatusTryAgainLater, "not the leader")
 		return
 	}
@@ -93,24 +111,20 @@ func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
 	go func() { defer wg.Done(); wc.pushLoop() }()
 	reason := wc.readLoop()
 	cancel()
+	wc.work.Wait()
 	wg.Wait()
 	wc.mu.Lock()
 	if wc.sub != nil {
 		wc.sub.Close()
 	}
 	wc.mu.Unlock()
+	wc.w.close() // what the requests and pushes queued still goes out
 	c.Close(websocket.StatusNormalClosure, reason)
 }
 
 func (wc *wsConn) send(m api.WSMessage) {
 	b, _ := json.Marshal(m)
-	wc.writeMu.Lock()
-	defer wc.writeMu.Unlock()
-	ctx, cancel := context.WithTimeout(wc.ctx, 10*time.Second)
-	defer cancel()
-	if err := wc.c.Write(ctx, websocket.MessageText, b); err != nil {
-		wc.cancel()
-	}
+	wc.w.send(b)
 }
 
 func (wc *wsConn) replyErr(id uint64, err error) {
@@ -125,6 +139,7 @@ func (wc *wsConn) readLoop() string {
 		typ, b, err := readFrame(wc.ctx, wc.c)
 		if errors.Is(err, errFrameTooLarge) {
 			wc.replyErr(0, &apiError{code: api.CodePayloadTooLarge, msg: fmt.Sprintf("a frame is over %d KiB; closing", api.MaxBodyBytes>>10)})
+			wc.end()
 			return "frame too large"
 		}
 		if err != nil {
@@ -141,35 +156,108 @@ func (wc *wsConn) readLoop() string {
 		}
 		if !wc.h.b.Ready() {
 			wc.notLeader()
+			wc.end()
 			return "leadership lost"
 		}
-		if req.Op != api.OpHello && wc.sessionID() == "" {
+		if req.Op == api.OpHello {
+			// Handled here, before anything read after it.
+			if herr := wc.hello(req); herr != nil {
+				if wc.fail(req.ID, herr) {
+					return "leadership lost"
+				}
+			}
+			continue
+		}
+		if wc.sessionID() == "" {
 			wc.replyErr(req.ID, invalid("the first request must be hello"))
 			continue
 		}
-		var herr error
-		switch req.Op {
-		case api.OpHello:
-			herr = wc.hello(req)
-		case api.OpAcquire:
-			herr = wc.acquire(req)
-		case api.OpRelease:
-			herr = wc.release(req)
-		case api.OpRenew:
-			herr = wc.renew(req)
-		case api.OpKeepalive:
-			herr = wc.keepalive(req)
-		default:
-			herr = invalid("unknown op %q", req.Op)
+		select {
+		case wc.inflight <- struct{}{}:
+		case <-wc.ctx.Done():
+			return "closed"
 		}
-		if herr != nil {
-			wc.replyErr(req.ID, herr)
-			if errors.Is(herr, ErrNotLeader) {
-				wc.notLeader()
-				return "leadership lost"
-			}
+		if req.Lock == "" {
+			wc.work.Add(1)
+			go func() {
+				defer wc.work.Done()
+				wc.serve(req)
+			}()
+			continue
+		}
+		// Requests naming one lock take effect in the order they were sent:
+		// its lane serves them one at a time.
+		wc.mu.Lock()
+		queued, busy := wc.lanes[req.Lock]
+		wc.lanes[req.Lock] = append(queued, req)
+		wc.mu.Unlock()
+		if !busy {
+			wc.work.Add(1)
+			go wc.runLane(req.Lock)
 		}
 	}
+}
+
+// runLane serves the requests queued for one lock until none is left.
+func (wc *wsConn) runLane(lock string) {
+	defer wc.work.Done()
+	for {
+		wc.mu.Lock()
+		q := wc.lanes[lock]
+		if len(q) == 0 {
+			delete(wc.lanes, lock)
+			wc.mu.Unlock()
+			return
+		}
+		req := q[0]
+		wc.lanes[lock] = q[1:]
+		wc.mu.Unlock()
+		wc.serve(req)
+	}
+}
+
+// serve handles one request (not hello) and frees its in-flight slot.
+func (wc *wsConn) serve(req api.WSRequest) {
+	defer func() { <-wc.inflight }()
+	if wc.ctx.Err() != nil {
+		return
+	}
+	var herr error
+	switch req.Op {
+	case api.OpAcquire:
+		herr = wc.acquire(req)
+	case api.OpRelease:
+		herr = wc.release(req)
+	case api.OpRenew:
+		herr = wc.renew(req)
+	case api.OpKeepalive:
+		herr = wc.keepalive(req)
+	default:
+		herr = invalid("unknown op %q", req.Op)
+	}
+	if herr != nil {
+		wc.fail(req.ID, herr)
+	}
+}
+
+// fail answers a request with its error; when the error is that this member
+// no longer leads, it tells the client where the leader is and ends the
+// connection (reporting true).
+func (wc *wsConn) fail(id uint64, err error) bool {
+	wc.replyErr(id, err)
+	if errors.Is(err, ErrNotLeader) {
+		wc.notLeader()
+		wc.end()
+		return true
+	}
+	return false
+}
+
+// end ends the connection once what is queued for the client has been
+// written (cancelling the read ends the connection at once).
+func (wc *wsConn) end() {
+	wc.w.flush()
+	wc.cancel()
 }
 
 func (wc *wsConn) notLeader() {
@@ -271,27 +359,55 @@ func (wc *wsConn) acquire(req api.WSRequest) error {
 	// Record the request before proposing: the grant push may race the reply.
 	p := &pendingAcquire{id: req.ID}
 	wc.mu.Lock()
-	wc.pending[req.Lock] = p
+	wc.pending[req.Lock] = append(wc.pending[req.Lock], p)
 	wc.mu.Unlock()
 	res, err := wc.h.b.Propose(wc.ctx, cmd)
 	if err == nil && res.Code == locktable.OK {
 		// Granted or queued: a grant reaches the client through pushLoop, the
 		// one path for grants, so a fast hand-off cannot be lost or sent
 		// twice.
+		if res.Queued && cmd.WaitMs == 0 {
+			// A try by a client already waiting (an earlier acquire on this
+			// connection): the try cannot be granted now; the earlier wait
+			// keeps its place and its own answer.
+			if wc.unpend(req.Lock, p) {
+				var holder string
+				wc.h.b.View(func(t *locktable.Table) { holder = t.Get(req.Lock).ClientID })
+				return stateError(locktable.CodeLockHeld, req.Lock, holder)
+			}
+			return nil // granted meanwhile: the push answered it
+		}
 		if res.Queued {
 			wc.queued(req.Lock, p, res)
 		}
 		return nil
 	}
-	wc.mu.Lock()
-	if wc.pending[req.Lock] == p {
-		delete(wc.pending, req.Lock)
+	if !wc.unpend(req.Lock, p) {
+		return nil // answered by a push meanwhile
 	}
-	wc.mu.Unlock()
 	if err != nil {
 		return err
 	}
 	return resultError(res, req.Lock)
+}
+
+// unpend removes p from the acquires pending on lock; false when a push
+// already answered (and removed) it.
+func (wc *wsConn) unpend(lock string, p *pendingAcquire) bool {
+	wc.mu.Lock()
+	defer wc.mu.Unlock()
+	q := wc.pending[lock]
+	i := slices.Index(q, p)
+	if i < 0 {
+		return false
+	}
+	q = slices.Delete(q, i, i+1)
+	if len(q) == 0 {
+		delete(wc.pending, lock)
+	} else {
+		wc.pending[lock] = q
+	}
+	return true
 }
 
 // queued records the deadline of a committed wait, then settles the race
@@ -302,17 +418,14 @@ func (wc *wsConn) acquire(req api.WSRequest) error {
 func (wc *wsConn) queued(lock string, p *pendingAcquire, res locktable.Result) {
 	deadline := queuedDeadline(res, wc.client)
 	wc.mu.Lock()
-	if wc.pending[lock] != p {
+	if !slices.Contains(wc.pending[lock], p) {
 		wc.mu.Unlock()
 		return // already answered (granted)
 	}
 	p.deadline = deadline
 	answer := slices.Contains(p.ended, deadline)
-	if answer {
-		delete(wc.pending, lock)
-	}
 	wc.mu.Unlock()
-	if answer {
+	if answer && wc.unpend(lock, p) {
 		wc.send(api.WSMessage{ID: p.id, Type: api.TypeError, Lock: lock,
 			Error: &api.Error{Code: api.CodeWaitTimeout, Message: "timed out waiting for lock " + lock}})
 	}
@@ -396,7 +509,7 @@ func (wc *wsConn) pushLoop() {
 				wc.send(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: api.CodeInternal,
 					Message: "event stream overflowed; reconnect and resume the session"}})
 			}
-			wc.cancel()
+			wc.end()
 			return
 		case ev := <-sub.Events():
 			if ev.SessionID != session {
@@ -410,15 +523,20 @@ func (wc *wsConn) pushLoop() {
 func (wc *wsConn) push(ev locktable.Event) {
 	switch ev.Kind {
 	case locktable.EvGranted:
+		// Every acquire of this lock pending on this connection is answered
+		// by the grant: they are one client's, and a grant is idempotent.
 		wc.mu.Lock()
-		p, ok := wc.pending[ev.Lock]
+		ps := wc.pending[ev.Lock]
 		delete(wc.pending, ev.Lock)
 		wc.mu.Unlock()
-		if !ok {
+		if len(ps) == 0 {
 			return // nobody on this connection asked (a re-grant already answered)
 		}
-		wc.send(api.WSMessage{ID: p.id, Type: api.TypeGranted, Lock: ev.Lock, FencingToken: ev.Token,
-			ExpiresAt: api.FormatTime(ev.ExpiresAt), FencingProof: wc.h.b.Sign(ev.Lock, ev.Token, ev.ExpiresAt)})
+		proof := wc.h.b.Sign(ev.Lock, ev.Token, ev.ExpiresAt)
+		for _, p := range ps {
+			wc.send(api.WSMessage{ID: p.id, Type: api.TypeGranted, Lock: ev.Lock, FencingToken: ev.Token,
+				ExpiresAt: api.FormatTime(ev.ExpiresAt), FencingProof: proof})
+		}
 	case locktable.EvLost:
 		reason := api.ReasonExpired
 		if ev.Reason == locktable.ReasonSessionExpired {
@@ -426,29 +544,38 @@ func (wc *wsConn) push(ev locktable.Event) {
 		}
 		wc.send(api.WSMessage{Type: api.TypeLost, Lock: ev.Lock, FencingToken: ev.Token, Reason: reason})
 	case locktable.EvWaitEnded:
-		wc.mu.Lock()
-		p, ok := wc.pending[ev.Lock]
-		if ok && p.deadline == 0 {
-			p.ended = append(p.ended, ev.Deadline) // queued decides once the deadline is known
-		}
-		// Only the end of this acquire's own wait answers it; see
+		// Only the end of an acquire's own wait answers it; see
 		// pendingAcquire.
-		ok = ok && p.deadline != 0 && p.deadline == ev.Deadline
-		if ok {
+		var ended []*pendingAcquire
+		wc.mu.Lock()
+		kept := wc.pending[ev.Lock][:0]
+		for _, p := range wc.pending[ev.Lock] {
+			switch {
+			case p.deadline == 0:
+				p.ended = append(p.ended, ev.Deadline) // queued decides once the deadline is known
+				kept = append(kept, p)
+			case p.deadline == ev.Deadline:
+				ended = append(ended, p)
+			default:
+				kept = append(kept, p)
+			}
+		}
+		if len(kept) == 0 {
 			delete(wc.pending, ev.Lock)
+		} else {
+			wc.pending[ev.Lock] = kept
 		}
 		wc.mu.Unlock()
-		if !ok {
-			return
-		}
 		code, msg := api.CodeWaitTimeout, "timed out waiting for lock "+ev.Lock
 		if ev.Reason == locktable.ReasonSessionExpired {
 			code, msg = api.CodeSessionExpired, "the session ended while waiting for lock "+ev.Lock
 		}
-		wc.send(api.WSMessage{ID: p.id, Type: api.TypeError, Lock: ev.Lock, Error: &api.Error{Code: code, Message: msg}})
+		for _, p := range ended {
+			wc.send(api.WSMessage{ID: p.id, Type: api.TypeError, Lock: ev.Lock, Error: &api.Error{Code: code, Message: msg}})
+		}
 	case locktable.EvSessionEnded:
 		wc.send(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: api.CodeSessionExpired,
 			Message: "session " + ev.SessionID + " ended (" + ev.Reason + ")"}})
-		wc.cancel()
+		wc.end()
 	}
 }

@@ -191,13 +191,19 @@ func TestWebSocketOldWaitDoesNotAnswerNewAcquire(t *testing.T) {
 		if m.ID == 10 {
 			break
 		}
-		if m.ID == 9 || m.ID == 2 {
+		// The first wait's end answers the first acquire (requests on one
+		// connection are all answered now) and never the retry.
+		if m.ID == 9 || (m.ID == 2 && (m.Error == nil || m.Error.Code != api.CodeWaitTimeout)) {
 			t.Fatalf("the end of the first wait answered a request: %+v", m)
 		}
 	}
 	a.send(`{"id":3,"op":"release","lock":"l","fencing_token":` + itoa(ga.FencingToken) + `}`)
 	a.recv()
-	if m := b.recv(); m.ID != 9 || m.Type != api.TypeGranted {
+	m := b.recv()
+	if m.ID == 2 && m.Error != nil && m.Error.Code == api.CodeWaitTimeout {
+		m = b.recv() // the first acquire's own answer, if it came after the keepalive
+	}
+	if m.ID != 9 || m.Type != api.TypeGranted {
 		t.Fatalf("the retry must be granted: %+v", m)
 	}
 }
