@@ -66,3 +66,32 @@ func TestWebSocketSameLockInOrder(t *testing.T) {
 		t.Fatalf("renew %+v, release %+v: both must follow the acquire", got[3], got[4])
 	}
 }
+
+// TestWebSocketTryWhileQueued: a try (wait 0) sent while an earlier acquire
+// of the same lock waits is answered lock_held at once, and the earlier
+// acquire keeps its place and gets its own answer (the grant) later. Before,
+// the try took over the earlier request's pending entry: the try's id got
+// the grant and the earlier request was never answered.
+func TestWebSocketTryWhileQueued(t *testing.T) {
+	f := newFake()
+	srv := httptest.NewServer(New(Config{Backend: f}))
+	defer srv.Close()
+	a := dialWS(t, srv)
+	a.send(`{"id":1,"op":"hello","client_id":"A"}`)
+	a.recv()
+	a.send(`{"id":2,"op":"acquire","lock":"q","ttl_ms":60000}`)
+	ga := a.recv()
+	b := dialWS(t, srv)
+	b.send(`{"id":1,"op":"hello","client_id":"B"}`)
+	b.recv()
+	b.send(`{"id":2,"op":"acquire","lock":"q","ttl_ms":60000,"wait_timeout_ms":60000}`)
+	b.send(`{"id":3,"op":"acquire","lock":"q","ttl_ms":60000}`)
+	if m := b.recv(); m.ID != 3 || m.Error == nil || m.Error.Code != api.CodeLockHeld {
+		t.Fatalf("try while queued: %+v, want id 3 lock_held", m)
+	}
+	a.send(`{"id":3,"op":"release","lock":"q","fencing_token":` + itoa(ga.FencingToken) + `}`)
+	a.recv()
+	if m := b.recv(); m.ID != 2 || m.Type != api.TypeGranted {
+		t.Fatalf("the queued acquire: %+v, want id 2 granted", m)
+	}
+}
