@@ -21,6 +21,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/locktable"
 )
 
 // apiError is an error with a SPEC code; handlers return it and writeError
@@ -42,25 +43,9 @@ func invalid(format string, a ...any) error {
 }
 
 // ValidLockName reports why a lock name breaks the SPEC limits ("" = ok):
-// 1–256 bytes of [A-Za-z0-9._:/-].
-func ValidLockName(name string) string {
-	if len(name) == 0 {
-		return "lock name is empty"
-	}
-	if len(name) > api.MaxLockName {
-		return fmt.Sprintf("lock name is %d bytes, the limit is %d", len(name), api.MaxLockName)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case c == '.', c == '_', c == ':', c == '/', c == '-':
-		default:
-			return fmt.Sprintf("lock name has character %q at byte %d; allowed are [A-Za-z0-9._:/-]", c, i)
-		}
-	}
-	return ""
-}
+// 1–256 bytes of [A-Za-z0-9._:/-]. The state machine keeps the same rule
+// for what it restores.
+func ValidLockName(name string) string { return locktable.LockNameProblem(name) }
 
 // validClientID checks client_id: 1–128 bytes, printable UTF-8.
 func validClientID(field, id string) error {

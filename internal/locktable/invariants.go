@@ -94,8 +94,20 @@ func (t *Table) checkSession(lock, id string) error {
 }
 
 func checkLockName(name string) error {
-	if name == "" || len(name) > maxLockName {
-		return fmt.Errorf("lock name of %d bytes", len(name))
+	if why := LockNameProblem(name); why != "" {
+		return fmt.Errorf("%s: %q", why, name)
+	}
+	return nil
+}
+
+// LockNameProblem reports why a lock name breaks the limits ("" = ok):
+// 1–256 bytes of [A-Za-z0-9._:/-].
+func LockNameProblem(name string) string {
+	if len(name) == 0 {
+		return "lock name is empty"
+	}
+	if len(name) > maxLockName {
+		return fmt.Sprintf("lock name is %d bytes, the limit is %d", len(name), maxLockName)
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]
@@ -103,10 +115,10 @@ func checkLockName(name string) error {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
 		case c == '.', c == '_', c == ':', c == '/', c == '-':
 		default:
-			return fmt.Errorf("lock name %q has character %q", name, c)
+			return fmt.Sprintf("lock name has character %q at byte %d; allowed are [A-Za-z0-9._:/-]", c, i)
 		}
 	}
-	return nil
+	return ""
 }
 
 // checkID: 1–128 bytes; printable UTF-8, or printable ASCII without spaces
