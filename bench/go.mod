@@ -7,6 +7,7 @@ replace github.com/lockd/lockd => ../
 require (
 	github.com/HdrHistogram/hdrhistogram-go v1.4.0
 	github.com/coder/websocket v1.8.14
+	github.com/go-zookeeper/zk v1.0.4
 	github.com/lockd/lockd v0.0.0-00010101000000-000000000000
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.etcd.io/etcd/server/v3 v3.7.3

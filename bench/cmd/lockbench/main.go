@@ -1,14 +1,17 @@
 // Command lockbench measures lockd against etcd's lock
-// (clientv3/concurrency.Mutex) on the same machine in the same run.
+// (clientv3/concurrency.Mutex) and ZooKeeper's (go-zookeeper's lock recipe)
+// on the same machine in the same run.
 //
 //	lockbench [flags]          the side-by-side benchmark (workloads a–e)
 //	lockbench scale [flags]    the scale benchmark (1M held locks, 100k waiters)
 //
-// It starts a lockd cluster (the real lockd binary, built from ../cmd/lockd)
-// and an etcd cluster (go.etcd.io/etcd/server/v3/embed, each member a
-// re-executed `lockbench etcd-member` process) on loopback with data on disk,
-// runs every workload on both systems in turn, and writes a markdown table
-// to stdout and results.json, results.md and chart.png to --out.
+// It starts a lockd cluster (the real lockd binary, built from ../cmd/lockd),
+// an etcd cluster (go.etcd.io/etcd/server/v3/embed, each member a
+// re-executed `lockbench etcd-member` process) and a ZooKeeper ensemble (one
+// JVM per member, from the system's ZooKeeper install) on loopback with data
+// on disk, runs every workload on every system in turn, with one client per
+// worker and with one client shared by the workers, and writes a markdown
+// table to stdout and results.json, results.md and chart.png to --out.
 package main
 
 import (
@@ -103,16 +106,20 @@ func benchMain(args []string) int {
 	fs := flag.NewFlagSet("lockbench", flag.ContinueOnError)
 	var cf commonFlags
 	cf.register(fs)
-	quick := fs.Bool("quick", false, "a smoke run that finishes in under a minute: 1 s per run, 1 round, leader setup only")
+	quick := fs.Bool("quick", false, "a smoke run: 1 s per run, 1 round, leader setup only, 15 s ZooKeeper warm-up")
 	duration := fs.Duration("duration", 10*time.Second, "measured time per run")
 	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured time at the start of each run")
 	rounds := fs.Int("rounds", 2, "runs per system per workload and setup (A B A B ...)")
 	wlFlag := fs.String("workloads", "a,b,c,d,e", "workloads to run, from a,b,c,d,e")
 	setupsFlag := fs.String("setups", "leader,spread", "client setups: leader (clients on the leader), spread (client i on member i mod N; lockd clients get all endpoints)")
-	systemsFlag := fs.String("systems", "lockd,lockd-wal,etcd", "systems: lockd (client package, WebSocket sessions; default log store raft-boltdb), lockd-wal (the same on a second cluster with --log-store wal), etcd, lockd-http (plain HTTP API)")
-	sessionTTL := fs.Duration("session-ttl", 10*time.Second, "session TTL of every client of both systems (keepalives every third)")
+	systemsFlag := fs.String("systems", "lockd,lockd-wal,etcd,zookeeper", "systems: lockd (client package, WebSocket sessions; default log store raft-boltdb), lockd-wal (the same on a second cluster with --log-store wal), etcd, zookeeper (skipped with a note when not installed), lockd-http (plain HTTP API)")
+	clientsFlag := fs.String("clients", "both", "whether the workers of a run share a client: per-worker (every worker its own client and session), shared (one client and one session for all), both")
+	zkClasspath := fs.String("zk-classpath", "", "java classpath of the ZooKeeper server (default: Debian's "+debianZKJar+")")
+	zkHeap := fs.String("zk-heap", "256m", "heap of each ZooKeeper JVM (-Xmx)")
+	zkWarmup := fs.Duration("zk-warmup", time.Minute, "lock cycles through every ZooKeeper member before the first measured run, so the JVMs have compiled the request path (its rate per fifth is printed, to show whether it levelled off)")
+	sessionTTL := fs.Duration("session-ttl", 10*time.Second, "session TTL of every client of every system (keepalives every third)")
 	lockdFlags := fs.String("lockd-flags", "", "extra lockd flags for every member, space-separated (e.g. \"--log-store wal\")")
-	etcdConns := fs.Int("etcd-clients", 1, "clientv3 clients (gRPC connections) the etcd workers of one run share; at least one per member in the spread setup (default 1, as etcd advises: one client per process)")
+	etcdConns := fs.Int("etcd-clients", 1, "with --clients per-worker: clientv3 clients (gRPC connections) the etcd workers of one run share, each with its own session; at least one per member in the spread setup (default 1, as etcd advises: one client per process)")
 	opTimeout := fs.Duration("op-timeout", 30*time.Second, "bound of one acquire or release")
 	cpuProfile := fs.String("cpuprofile", "", "write a pprof CPU profile of lockbench itself (the clients) to this file")
 	perf := fs.String("perf", "", "workloads (e.g. b) during whose measured windows `perf record` samples each system's leader; reports go to --out")
@@ -134,6 +141,9 @@ func benchMain(args []string) int {
 		if !setFlags["setups"] {
 			*setupsFlag = setupLeader
 		}
+		if !setFlags["zk-warmup"] {
+			*zkWarmup = 15 * time.Second
+		}
 	}
 	wls, err := pickWorkloads(*wlFlag)
 	if err != nil {
@@ -147,7 +157,32 @@ func benchMain(args []string) int {
 			return 2
 		}
 	}
+	clientModes, err := pickClients(*clientsFlag)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+		return 2
+	}
 	sysNames := splitList(*systemsFlag)
+	for _, n := range sysNames {
+		if !slices.Contains(knownSystems, n) {
+			fmt.Fprintf(os.Stderr, "lockbench: unknown system %q\n", n)
+			return 2
+		}
+	}
+	var zkInst *zkInstall
+	var skipped []string
+	if slices.Contains(sysNames, "zookeeper") {
+		zkInst, err = findZooKeeper(*zkClasspath)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lockbench: skipping zookeeper:", err)
+			skipped = append(skipped, "zookeeper: "+err.Error())
+			sysNames = slices.DeleteFunc(sysNames, func(n string) bool { return n == "zookeeper" })
+		}
+	}
+	if len(sysNames) == 0 {
+		fmt.Fprintln(os.Stderr, "lockbench: no systems to run")
+		return 2
+	}
 	if cf.members < 1 || *rounds < 1 || *duration <= 0 {
 		fmt.Fprintln(os.Stderr, "lockbench: --members, --rounds and --duration must be positive")
 		return 2
@@ -162,25 +197,36 @@ func benchMain(args []string) int {
 	}
 	defer done()
 
-	rep := &report{Started: time.Now(), Workloads: wls}
+	rep := &report{Started: time.Now(), Workloads: wls, Skipped: skipped}
 	rep.Host = describeHost(repo)
 	rep.Config = benchConfig{Members: cf.members, Duration: duration.String(), Warmup: warmup.String(), Rounds: *rounds,
-		Setups: setups, Systems: sysNames, SessionTTL: sessionTTL.String(), EtcdConns: *etcdConns, Quick: *quick,
+		Setups: setups, Clients: clientModes, Systems: sysNames, SessionTTL: sessionTTL.String(), EtcdConns: *etcdConns, Quick: *quick,
 		LockdFlags: strings.Fields(*lockdFlags)}
+	if zkInst != nil {
+		rep.Config.ZooKeeper = &zkConfig{Classpath: zkInst.classpath, Heap: *zkHeap, Warmup: zkWarmup.String(), ForceSync: true}
+	}
 
-	fmt.Fprintf(os.Stderr, "starting %d-member lockd and etcd clusters in %s ...\n", cf.members, dir)
-	lc, err := startLockd(ctx, bin, filepath.Join(dir, "lockd"), cf.members, rep.Config.LockdFlags)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "lockbench:", err)
-		return 1
+	fmt.Fprintf(os.Stderr, "starting %d-member clusters (%s) in %s ...\n", cf.members, strings.Join(sysNames, ", "), dir)
+	// Only the clusters of the systems asked for run: an idle cluster still
+	// takes CPU (heartbeats) from the measured ones.
+	var lc *lockdCluster
+	if slices.Contains(sysNames, "lockd") || slices.Contains(sysNames, "lockd-http") {
+		lc, err = startLockd(ctx, bin, filepath.Join(dir, "lockd"), cf.members, rep.Config.LockdFlags)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lockbench:", err)
+			return 1
+		}
+		defer lc.stop()
 	}
-	defer lc.stop()
-	ec, err := startEtcd(ctx, filepath.Join(dir, "etcd"), cf.members)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "lockbench:", err)
-		return 1
+	var ec *etcdCluster
+	if slices.Contains(sysNames, "etcd") {
+		ec, err = startEtcd(ctx, filepath.Join(dir, "etcd"), cf.members)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lockbench:", err)
+			return 1
+		}
+		defer ec.stop()
 	}
-	defer ec.stop()
 
 	var lw *lockdCluster // the raft-wal cluster, only when asked for
 	if slices.Contains(sysNames, "lockd-wal") {
@@ -190,6 +236,28 @@ func benchMain(args []string) int {
 			return 1
 		}
 		defer lw.stop()
+	}
+
+	var zc *zkCluster
+	if zkInst != nil {
+		zc, err = startZooKeeper(ctx, zkInst, filepath.Join(dir, "zookeeper"), cf.members, *zkHeap)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lockbench:", err)
+			return 1
+		}
+		defer zc.stop()
+		rep.Host.ZooKeeperVersion = zc.version
+		rep.Host.JavaVersion = javaVersion(zkInst.java)
+		if *zkWarmup > 0 {
+			fmt.Fprintf(os.Stderr, "warming up ZooKeeper %s (JIT) for %v ...\n", zc.version, *zkWarmup)
+			rates, err := warmZooKeeper(ctx, zc, *zkWarmup, *sessionTTL)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "lockbench:", err)
+				return 1
+			}
+			rep.Config.ZooKeeper.WarmupRates = rates
+			fmt.Fprintf(os.Stderr, "ZooKeeper warm-up, cycles/s per fifth: %s\n", fmtRates(rates))
+		}
 	}
 
 	var systems []system
@@ -203,9 +271,8 @@ func benchMain(args []string) int {
 			systems = append(systems, &lockdHTTPSystem{lockdSystem{c: lc, sessionTTL: *sessionTTL}})
 		case "etcd":
 			systems = append(systems, &etcdSystem{c: ec, sessionTTL: *sessionTTL, conns: *etcdConns})
-		default:
-			fmt.Fprintf(os.Stderr, "lockbench: unknown system %q\n", n)
-			return 2
+		case "zookeeper":
+			systems = append(systems, &zkSystem{c: zc, sessionTTL: *sessionTTL})
 		}
 	}
 
@@ -217,7 +284,14 @@ func benchMain(args []string) int {
 		}
 	}
 
-	total := len(wls) * len(setups) * *rounds * len(systems)
+	total := 0
+	for _, wl := range wls {
+		for _, cm := range clientModes {
+			if cm == clientsPerWorker || runsShared(wl) {
+				total += len(setups) * *rounds * len(systems)
+			}
+		}
+	}
 	prog := newProgress(total)
 	o := runOpts{warmup: *warmup, duration: *duration, opTimeout: *opTimeout, prog: prog}
 	if *perf != "" {
@@ -227,18 +301,23 @@ func benchMain(args []string) int {
 loop:
 	for _, wl := range wls {
 		for _, setup := range setups {
-			for round := 1; round <= *rounds; round++ {
-				for _, sys := range systems {
-					r, err := runOne(ctx, sys, wl, setup, round, o)
-					if err != nil {
-						runErr = err
-						break loop
+			for _, cm := range clientModes {
+				if cm == clientsShared && !runsShared(wl) {
+					continue
+				}
+				for round := 1; round <= *rounds; round++ {
+					for _, sys := range systems {
+						r, err := runOne(ctx, sys, wl, setup, cm, round, o)
+						if err != nil {
+							runErr = err
+							break loop
+						}
+						rep.Runs = append(rep.Runs, r)
+						if r.Errors > 0 {
+							prog.note("%s %s %s %s r%d: %d errors, first: %s", wl.Key, setup, cm, sys.name(), round, r.Errors, r.FirstError)
+						}
+						time.Sleep(300 * time.Millisecond) // let the closed sessions settle
 					}
-					rep.Runs = append(rep.Runs, r)
-					if r.Errors > 0 {
-						prog.note("%s %s %s r%d: %d errors, first: %s", wl.Key, setup, sys.name(), round, r.Errors, r.FirstError)
-					}
-					time.Sleep(300 * time.Millisecond) // let the closed sessions settle
 				}
 			}
 		}
@@ -246,8 +325,10 @@ loop:
 	prog.close()
 	rep.Finished = time.Now()
 	rep.Summary = aggregate(rep.Runs)
-	for _, n := range []string{"lockd", "lockd-wal", "lockd-http"} {
-		rep.Ratios = append(rep.Ratios, ratios(rep.Summary, wls, n)...)
+	for _, cm := range clientModes {
+		for _, n := range []string{"lockd", "lockd-wal", "lockd-http"} {
+			rep.Ratios = append(rep.Ratios, ratios(rep.Summary, wls, n, cm)...)
+		}
 	}
 
 	var md strings.Builder
@@ -274,6 +355,48 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// knownSystems are the names --systems takes.
+var knownSystems = []string{"lockd", "lockd-wal", "lockd-http", "etcd", "zookeeper"}
+
+// pickClients parses --clients.
+func pickClients(s string) ([]string, error) {
+	var out []string
+	for _, k := range splitList(s) {
+		switch k {
+		case "both":
+			out = append(out, clientsPerWorker, clientsShared)
+		case clientsPerWorker, clientsShared:
+			out = append(out, k)
+		default:
+			return nil, fmt.Errorf("unknown client setup %q (want per-worker, shared or both)", k)
+		}
+	}
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) == 0 {
+		return nil, errors.New("no client setup")
+	}
+	return out, nil
+}
+
+func fmtRates(rs []float64) string {
+	var b []string
+	for _, r := range rs {
+		b = append(b, fmt.Sprintf("%.0f", r))
+	}
+	return strings.Join(b, " → ")
+}
+
+// javaVersion is the first line of `java -version`, for the record.
+func javaVersion(java string) string {
+	b, err := exec.Command(java, "-version").CombinedOutput()
+	if err != nil {
+		return "unknown"
+	}
+	line, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+	return line
 }
 
 func pickWorkloads(s string) ([]workload, error) {

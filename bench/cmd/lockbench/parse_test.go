@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 func TestCPUSecondsOfSelf(t *testing.T) {
@@ -45,7 +48,7 @@ time=2026-11-29T09:21:37.413Z level=INFO msg="became leader" id=n1 term=3 ready_
 
 func TestAggregateAndRatios(t *testing.T) {
 	mk := func(sys, setup string, cycles int64, p50us int64) *runResult {
-		r := &runResult{System: sys, Setup: setup, Workload: "b", Seconds: 10, Cycles: cycles, ServerCPU: 1, acqH: newHist(), relH: newHist()}
+		r := &runResult{System: sys, Setup: setup, Clients: clientsPerWorker, Workload: "b", Seconds: 10, Cycles: cycles, ServerCPU: 1, acqH: newHist(), relH: newHist()}
 		for i := 0; i < 100; i++ {
 			r.acqH.RecordValue(p50us)
 			r.relH.RecordValue(p50us)
@@ -59,8 +62,117 @@ func TestAggregateAndRatios(t *testing.T) {
 	if len(sum) != 3 || sum[0].System != "lockd" || sum[0].Rounds != 2 || sum[0].CyclesPerSec != 5000 {
 		t.Fatalf("summary: %+v", sum[0])
 	}
-	rs := ratios(sum, []workload{allWorkloads[1]}, "lockd")
-	if len(rs) != 1 || rs[0].Throughput != 5 || rs[0].EtcdSetup != setupLeader || !rs[0].GoalMet || rs[0].AcquireP50 > 0.26 {
+	rs := ratios(sum, []workload{allWorkloads[1]}, "lockd", clientsPerWorker)
+	if len(rs) != 1 || rs[0].Throughput != 5 || rs[0].ThroughputPeer != "etcd leader" || !rs[0].GoalMet || rs[0].AcquireP50 > 0.26 {
 		t.Fatalf("ratios: %+v", rs)
+	}
+	if rs := ratios(sum, []workload{allWorkloads[1]}, "lockd", clientsShared); len(rs) != 0 {
+		t.Fatalf("ratios of a client setup that did not run: %+v", rs)
+	}
+}
+
+// The best peer is chosen per metric: here ZooKeeper has more cycles/s but
+// etcd the lower p50, so lockd is held against each where it is better.
+func TestRatiosAgainstBestPeerPerMetric(t *testing.T) {
+	mk := func(sys, setup string, cycles, cpu int64, p50us int64) *runResult {
+		r := &runResult{System: sys, Setup: setup, Clients: clientsShared, Workload: "d", Seconds: 1, Cycles: cycles,
+			ServerCPU: float64(cpu), acqH: newHist(), relH: newHist()}
+		for i := 0; i < 100; i++ {
+			r.acqH.RecordValue(p50us)
+			r.relH.RecordValue(p50us)
+		}
+		r.finish()
+		return r
+	}
+	sum := aggregate([]*runResult{
+		mk("lockd", setupSpread, 6000, 1, 1000),
+		mk("etcd", setupLeader, 2000, 2, 500),
+		mk("zookeeper", setupLeader, 3000, 1, 2000),
+		mk("zookeeper", setupSpread, 1500, 1, 100), // slower setup: not ZooKeeper's best
+	})
+	rs := ratios(sum, []workload{allWorkloads[3]}, "lockd", clientsShared)
+	if len(rs) != 1 {
+		t.Fatalf("ratios: %+v", rs)
+	}
+	r := rs[0]
+	if r.Throughput != 2 || r.ThroughputPeer != "zookeeper leader" || r.ThroughputVsLeader != 2 || r.GoalMet {
+		t.Fatalf("throughput: %+v", r)
+	}
+	if math.Abs(r.AcquireP50-2) > 0.01 || r.AcquireP50Peer != "etcd leader" {
+		t.Fatalf("p50: %+v", r)
+	}
+	// CPU per 1k cycles: lockd 1/6000, etcd 2/2000, zookeeper 1/3000.
+	if math.Abs(r.CPUPer1k-0.5) > 0.01 || r.CPUPer1kPeer != "zookeeper leader" {
+		t.Fatalf("cpu: %+v", r)
+	}
+}
+
+func TestPickClients(t *testing.T) {
+	for in, want := range map[string]string{
+		"both":              "per-worker,shared",
+		"shared":            "shared",
+		"shared,per-worker": "per-worker,shared",
+		"per-worker":        "per-worker",
+	} {
+		got, err := pickClients(in)
+		if err != nil || strings.Join(got, ",") != want {
+			t.Errorf("pickClients(%q) = %v, %v; want %s", in, got, err, want)
+		}
+	}
+	if _, err := pickClients("all"); err == nil {
+		t.Error("pickClients(all): no error")
+	}
+}
+
+func TestParseSrvr(t *testing.T) {
+	out := `Zookeeper version: 3.8.0-debian--1, built on 2023-06-27 09:14 UTC
+Latency min/avg/max: 0/0.4431/12
+Received: 1034
+Sent: 1033
+Connections: 2
+Outstanding: 0
+Zxid: 0x100000051
+Mode: leader
+Node count: 12
+Proposal sizes last/min/max: 48/36/92
+`
+	st, err := parseSrvr(out)
+	if err != nil || st.mode != "leader" || st.version != "3.8.0-debian--1" {
+		t.Fatalf("parseSrvr = %+v, %v", st, err)
+	}
+	if _, err := parseSrvr("This ZooKeeper instance is not currently serving requests\n"); err == nil {
+		t.Fatal("a member without quorum parsed as serving")
+	}
+}
+
+func TestZooCfg(t *testing.T) {
+	cfg := zooCfg("/d/data", 2181, []string{"server.1=127.0.0.1:1:2", "server.2=127.0.0.1:3:4"})
+	for _, want := range []string{"forceSync=yes\n", "clientPort=2181\n", "dataDir=/d/data\n", "maxClientCnxns=0\n",
+		"4lw.commands.whitelist=srvr", "server.2=127.0.0.1:3:4\n"} {
+		if !strings.Contains(cfg, want) {
+			t.Errorf("zoo.cfg lacks %q:\n%s", want, cfg)
+		}
+	}
+}
+
+// Workers sharing an etcd session take turns at one name and not across
+// names.
+func TestLocalGates(t *testing.T) {
+	var g localGates
+	ctx := context.Background()
+	if err := g.enter(ctx, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.enter(ctx, "y"); err != nil {
+		t.Fatalf("another name waits: %v", err)
+	}
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if err := g.enter(short, "x"); err == nil {
+		t.Fatal("two workers at one name")
+	}
+	g.leave("x")
+	if err := g.enter(ctx, "x"); err != nil {
+		t.Fatal(err)
 	}
 }

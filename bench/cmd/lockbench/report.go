@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -21,11 +22,13 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 )
 
-// aggResult merges the rounds of one (workload, system, setup).
+// aggResult merges the rounds of one (workload, system, setup, clients).
 type aggResult struct {
 	Workload       string  `json:"workload"`
 	System         string  `json:"system"`
 	Setup          string  `json:"setup"`
+	Clients        string  `json:"clients"`
+	Sessions       int     `json:"sessions"`
 	Rounds         int     `json:"rounds"`
 	Seconds        float64 `json:"seconds"`
 	Cycles         int64   `json:"cycles"`
@@ -51,21 +54,30 @@ type aggResult struct {
 	acqH, relH                     *hdr.Histogram
 }
 
-// ratio compares lockd and etcd on one workload, each in its best setup
-// (the one with more cycles/s).
+// ratio compares one lockd system with its best peer on one workload, in
+// one client setup. Every system is taken in its faster setup (more
+// cycles/s); the best peer is, for each metric on its own, the better of
+// the peers (etcd, ZooKeeper) there, and the ratio names which one it was.
 type ratio struct {
-	Workload       string  `json:"workload"`
-	LockdSystem    string  `json:"lockd_system"`
-	LockdSetup     string  `json:"lockd_setup"`
-	EtcdSetup      string  `json:"etcd_setup"`
-	Throughput     float64 `json:"throughput_ratio"` // lockd cycles/s ÷ etcd
-	ThroughputVsEL float64 `json:"throughput_ratio_vs_etcd_leader,omitempty"`
-	AcquireP50     float64 `json:"acquire_p50_ratio"`       // lockd ÷ etcd (lower is better)
-	AcquireP99     float64 `json:"acquire_p99_ratio"`       // lockd ÷ etcd (lower is better)
-	CPUPer1k       float64 `json:"server_cpu_per_1k_ratio"` // lockd ÷ etcd (lower is better)
-	Goal           string  `json:"goal"`
-	GoalMet        bool    `json:"goal_met"`
-	AcquireP99Met  bool    `json:"acquire_p99_goal_met"`
+	Workload    string `json:"workload"`
+	Clients     string `json:"clients"`
+	LockdSystem string `json:"lockd_system"`
+	LockdSetup  string `json:"lockd_setup"`
+	// Throughput is lockd cycles/s ÷ the best peer's (higher is better).
+	Throughput     float64 `json:"throughput_ratio"`
+	ThroughputPeer string  `json:"throughput_peer"` // "etcd leader": system and setup
+	// ThroughputVsLeader: against the best peer's cycles/s with its
+	// clients on its leader.
+	ThroughputVsLeader float64 `json:"throughput_ratio_vs_peer_leader,omitempty"`
+	AcquireP50         float64 `json:"acquire_p50_ratio"` // lockd ÷ best peer (lower is better)
+	AcquireP50Peer     string  `json:"acquire_p50_peer"`
+	AcquireP99         float64 `json:"acquire_p99_ratio"` // lockd ÷ best peer (lower is better)
+	AcquireP99Peer     string  `json:"acquire_p99_peer"`
+	CPUPer1k           float64 `json:"server_cpu_per_1k_ratio"` // lockd ÷ best peer (lower is better)
+	CPUPer1kPeer       string  `json:"server_cpu_per_1k_peer"`
+	Goal               string  `json:"goal"`
+	GoalMet            bool    `json:"goal_met"`
+	AcquireP99Met      bool    `json:"acquire_p99_goal_met"`
 }
 
 type report struct {
@@ -77,6 +89,8 @@ type report struct {
 	Runs      []*runResult `json:"runs"`
 	Summary   []*aggResult `json:"summary"`
 	Ratios    []ratio      `json:"ratios"`
+	// Skipped lists systems asked for that could not run, and why.
+	Skipped []string `json:"skipped,omitempty"`
 }
 
 type hostInfo struct {
@@ -86,30 +100,47 @@ type hostInfo struct {
 	GoVersion   string `json:"go_version"`
 	LockdCommit string `json:"lockd_commit"`
 	EtcdVersion string `json:"etcd_version"`
-	LoadAvg     string `json:"loadavg_at_start"`
+	// ZooKeeperVersion is what the leader's srvr says; JavaVersion the
+	// first line of `java -version`.
+	ZooKeeperVersion string `json:"zookeeper_version,omitempty"`
+	JavaVersion      string `json:"java_version,omitempty"`
+	LoadAvg          string `json:"loadavg_at_start"`
 }
 
 type benchConfig struct {
-	Members    int      `json:"members"`
-	Duration   string   `json:"duration"`
-	Warmup     string   `json:"warmup"`
-	Rounds     int      `json:"rounds"`
-	Setups     []string `json:"setups"`
-	Systems    []string `json:"systems"`
-	SessionTTL string   `json:"session_ttl"`
-	EtcdConns  int      `json:"etcd_clients_per_run"`
-	Quick      bool     `json:"quick"`
-	LockdFlags []string `json:"lockd_flags,omitempty"`
+	Members    int       `json:"members"`
+	Duration   string    `json:"duration"`
+	Warmup     string    `json:"warmup"`
+	Rounds     int       `json:"rounds"`
+	Setups     []string  `json:"setups"`
+	Clients    []string  `json:"clients"`
+	Systems    []string  `json:"systems"`
+	SessionTTL string    `json:"session_ttl"`
+	EtcdConns  int       `json:"etcd_clients_per_run"`
+	Quick      bool      `json:"quick"`
+	LockdFlags []string  `json:"lockd_flags,omitempty"`
+	ZooKeeper  *zkConfig `json:"zookeeper,omitempty"`
+}
+
+// zkConfig records how the ZooKeeper ensemble ran.
+type zkConfig struct {
+	Classpath string `json:"classpath"`
+	Heap      string `json:"heap"`
+	ForceSync bool   `json:"force_sync"`
+	Warmup    string `json:"jit_warmup"`
+	// WarmupRates are the warm-up's cycles/s in each fifth of it.
+	WarmupRates []float64 `json:"jit_warmup_cycles_per_sec"`
 }
 
 func aggregate(runs []*runResult) []*aggResult {
 	idx := map[string]*aggResult{}
 	var out []*aggResult
 	for _, r := range runs {
-		k := r.Workload + "/" + r.System + "/" + r.Setup
+		k := r.Workload + "/" + r.System + "/" + r.Setup + "/" + r.Clients
 		a := idx[k]
 		if a == nil {
-			a = &aggResult{Workload: r.Workload, System: r.System, Setup: r.Setup, acqH: newHist(), relH: newHist()}
+			a = &aggResult{Workload: r.Workload, System: r.System, Setup: r.Setup, Clients: r.Clients, Sessions: r.Sessions,
+				acqH: newHist(), relH: newHist()}
 			idx[k] = a
 			out = append(out, a)
 		}
@@ -145,32 +176,41 @@ func aggregate(runs []*runResult) []*aggResult {
 			a.CPUPer1k, a.LeaderCPUPer1k, a.ClientCPUPer1k = a.ServerCPU*k, a.leaderCPU*k, a.clientCPU*k
 		}
 	}
-	order := map[string]int{"lockd": 0, "lockd-wal": 1, "lockd-http": 2, "etcd": 3}
 	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].Workload != out[j].Workload {
 			return out[i].Workload < out[j].Workload
 		}
+		if out[i].Clients != out[j].Clients {
+			return out[i].Clients < out[j].Clients // per-worker before shared
+		}
 		if out[i].System != out[j].System {
-			return order[out[i].System] < order[out[j].System]
+			return systemOrder[out[i].System] < systemOrder[out[j].System]
 		}
 		return out[i].Setup < out[j].Setup
 	})
 	return out
 }
 
-func best(sum []*aggResult, wl, sys string) *aggResult {
+// systemOrder is the order of the systems in tables and charts.
+var systemOrder = map[string]int{"lockd": 0, "lockd-wal": 1, "lockd-http": 2, "etcd": 3, "zookeeper": 4}
+
+// peerSystems are the lock services lockd is compared with.
+var peerSystems = []string{"etcd", "zookeeper"}
+
+// best is sys on workload wl with clients in its faster setup.
+func best(sum []*aggResult, wl, sys, clients string) *aggResult {
 	var b *aggResult
 	for _, a := range sum {
-		if a.Workload == wl && a.System == sys && (b == nil || a.CyclesPerSec > b.CyclesPerSec) {
+		if a.Workload == wl && a.System == sys && a.Clients == clients && (b == nil || a.CyclesPerSec > b.CyclesPerSec) {
 			b = a
 		}
 	}
 	return b
 }
 
-func find(sum []*aggResult, wl, sys, setup string) *aggResult {
+func find(sum []*aggResult, wl, sys, setup, clients string) *aggResult {
 	for _, a := range sum {
-		if a.Workload == wl && a.System == sys && a.Setup == setup {
+		if a.Workload == wl && a.System == sys && a.Setup == setup && a.Clients == clients {
 			return a
 		}
 	}
@@ -181,14 +221,16 @@ var goals = map[string]struct {
 	text string
 	met  func(r ratio) bool
 }{
-	"a": {"acquire p50 ≤ 0.5× etcd", func(r ratio) bool { return r.AcquireP50 <= 0.5 }},
-	"b": {"≥ 5× etcd cycles/s", func(r ratio) bool { return r.Throughput >= 5 }},
-	"c": {"≥ 4× etcd hand-offs/s", func(r ratio) bool { return r.Throughput >= 4 }},
-	"d": {"≥ 3× etcd cycles/s", func(r ratio) bool { return r.Throughput >= 3 }},
-	"e": {"acquire p99 ≤ etcd", func(r ratio) bool { return r.AcquireP99 <= 1 }},
+	"a": {"acquire p50 ≤ 0.5× best peer", func(r ratio) bool { return r.AcquireP50 <= 0.5 }},
+	"b": {"≥ 5× best peer cycles/s", func(r ratio) bool { return r.Throughput >= 5 }},
+	"c": {"≥ 4× best peer hand-offs/s", func(r ratio) bool { return r.Throughput >= 4 }},
+	"d": {"≥ 3× best peer cycles/s", func(r ratio) bool { return r.Throughput >= 3 }},
+	"e": {"acquire p99 ≤ best peer", func(r ratio) bool { return r.AcquireP99 <= 1 }},
 }
 
-func ratios(sum []*aggResult, wls []workload, lockdSys string) []ratio {
+// ratios compares lockdSys with the best peer on every workload, in one
+// client setup. A workload no peer ran has no ratio.
+func ratios(sum []*aggResult, wls []workload, lockdSys, clients string) []ratio {
 	var out []ratio
 	div := func(a, b float64) float64 {
 		if b == 0 {
@@ -196,21 +238,50 @@ func ratios(sum []*aggResult, wls []workload, lockdSys string) []ratio {
 		}
 		return a / b
 	}
+	label := func(a *aggResult) string { return a.System + " " + a.Setup }
 	for _, wl := range wls {
-		l, e := best(sum, wl.Key, lockdSys), best(sum, wl.Key, "etcd")
-		if l == nil || e == nil {
+		l := best(sum, wl.Key, lockdSys, clients)
+		if l == nil {
 			continue
 		}
+		var peers []*aggResult
+		for _, p := range peerSystems {
+			if a := best(sum, wl.Key, p, clients); a != nil && a.Cycles > 0 {
+				peers = append(peers, a)
+			}
+		}
+		if len(peers) == 0 {
+			continue
+		}
+		// pick returns the peer with the best value of v (the highest when
+		// higher is better, else the lowest).
+		pick := func(v func(*aggResult) float64, higher bool) *aggResult {
+			b := peers[0]
+			for _, p := range peers[1:] {
+				if (higher && v(p) > v(b)) || (!higher && v(p) < v(b)) {
+					b = p
+				}
+			}
+			return b
+		}
+		tp := pick(func(a *aggResult) float64 { return a.CyclesPerSec }, true)
+		p50 := pick(func(a *aggResult) float64 { return a.Acquire.P50 }, false)
+		p99 := pick(func(a *aggResult) float64 { return a.Acquire.P99 }, false)
+		cpu := pick(func(a *aggResult) float64 { return a.CPUPer1k }, false)
 		r := ratio{
-			Workload: wl.Key, LockdSystem: lockdSys, LockdSetup: l.Setup, EtcdSetup: e.Setup,
-			Throughput: div(l.CyclesPerSec, e.CyclesPerSec),
-			AcquireP50: div(l.Acquire.P50, e.Acquire.P50),
-			AcquireP99: div(l.Acquire.P99, e.Acquire.P99),
-			CPUPer1k:   div(l.CPUPer1k, e.CPUPer1k),
+			Workload: wl.Key, Clients: clients, LockdSystem: lockdSys, LockdSetup: l.Setup,
+			Throughput: div(l.CyclesPerSec, tp.CyclesPerSec), ThroughputPeer: label(tp),
+			AcquireP50: div(l.Acquire.P50, p50.Acquire.P50), AcquireP50Peer: label(p50),
+			AcquireP99: div(l.Acquire.P99, p99.Acquire.P99), AcquireP99Peer: label(p99),
+			CPUPer1k: div(l.CPUPer1k, cpu.CPUPer1k), CPUPer1kPeer: label(cpu),
 		}
-		if el := find(sum, wl.Key, "etcd", setupLeader); el != nil {
-			r.ThroughputVsEL = div(l.CyclesPerSec, el.CyclesPerSec)
+		var bestLeader float64
+		for _, p := range peerSystems {
+			if a := find(sum, wl.Key, p, setupLeader, clients); a != nil {
+				bestLeader = max(bestLeader, a.CyclesPerSec)
+			}
 		}
+		r.ThroughputVsLeader = div(l.CyclesPerSec, bestLeader)
 		if g, ok := goals[wl.Key]; ok {
 			r.Goal, r.GoalMet = g.text, g.met(r)
 		}
@@ -246,13 +317,28 @@ func writeMarkdown(w io.Writer, rep *report, wls []workload) {
 	for _, wl := range wls {
 		desc[wl.Key] = wl.Desc
 	}
-	fmt.Fprintf(w, "%d members each; %s measured per run after %s warm-up, %d round(s) per system, A B A B; %d CPUs; lockd %s, etcd %s.\n\n",
-		rep.Config.Members, rep.Config.Duration, rep.Config.Warmup, rep.Config.Rounds, rep.Host.CPUs, rep.Host.LockdCommit, rep.Host.EtcdVersion)
-	fmt.Fprintln(w, "| workload | system | setup | cycles/s | acquire p50 / p99 / max ms | release p50 / p99 / max ms | server CPU s per 1k cycles (leader) | client CPU s per 1k | other load | errors |")
-	fmt.Fprintln(w, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|")
+	versions := "lockd " + rep.Host.LockdCommit
+	if slices.Contains(rep.Config.Systems, "etcd") {
+		versions += ", etcd " + rep.Host.EtcdVersion
+	}
+	if rep.Host.ZooKeeperVersion != "" {
+		versions += ", ZooKeeper " + rep.Host.ZooKeeperVersion
+		if z := rep.Config.ZooKeeper; z != nil {
+			versions += fmt.Sprintf(" (-Xmx%s, forceSync=yes; %s JIT warm-up before the first run, cycles/s per fifth: %s)", z.Heap, z.Warmup, fmtRates(z.WarmupRates))
+		}
+	}
+	fmt.Fprintf(w, "%d members each; %s measured per run after %s warm-up, %d round(s) per system, A B A B; %d CPUs; %s.\n\n",
+		rep.Config.Members, rep.Config.Duration, rep.Config.Warmup, rep.Config.Rounds, rep.Host.CPUs, versions)
+	for _, s := range rep.Skipped {
+		fmt.Fprintf(w, "Skipped: %s\n\n", s)
+	}
+	fmt.Fprintln(w, "clients: per-worker = every worker its own client and session; shared = the run's workers share one client and one session.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| workload | clients | system | setup | cycles/s | acquire p50 / p99 / max ms | release p50 / p99 / max ms | server CPU s per 1k cycles (leader) | client CPU s per 1k | other load | errors |")
+	fmt.Fprintln(w, "|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|")
 	for _, a := range rep.Summary {
-		fmt.Fprintf(w, "| (%s) %s | %s | %s | %s | %s / %s / %s | %s / %s / %s | %s (%s) | %s | %.0f%% | %d |\n",
-			a.Workload, desc[a.Workload], a.System, a.Setup, f1(a.CyclesPerSec),
+		fmt.Fprintf(w, "| (%s) %s | %s | %s | %s | %s | %s / %s / %s | %s / %s / %s | %s (%s) | %s | %.0f%% | %d |\n",
+			a.Workload, desc[a.Workload], a.Clients, a.System, a.Setup, f1(a.CyclesPerSec),
 			f1(a.Acquire.P50), f1(a.Acquire.P99), f1(a.Acquire.Max),
 			f1(a.Release.P50), f1(a.Release.P99), f1(a.Release.Max),
 			f1(a.CPUPer1k), f1(a.LeaderCPUPer1k), f1(a.ClientCPUPer1k), a.OtherCPUShare*100, a.Errors)
@@ -261,9 +347,9 @@ func writeMarkdown(w io.Writer, rep *report, wls []workload) {
 	for _, a := range rep.Summary {
 		switch {
 		case a.CommandsPerEntry > 0 && a.StoresPerSec > 0:
-			gc = append(gc, fmt.Sprintf("(%s) %s %s: %.1f commands per Raft entry, %.1f entries per log write, %.0f log writes/s", a.Workload, a.System, a.Setup, a.CommandsPerEntry, a.EntriesPerStore, a.StoresPerSec))
+			gc = append(gc, fmt.Sprintf("(%s) %s %s %s: %.1f commands per Raft entry, %.1f entries per log write, %.0f log writes/s", a.Workload, a.System, a.Setup, a.Clients, a.CommandsPerEntry, a.EntriesPerStore, a.StoresPerSec))
 		case a.CommandsPerEntry > 0: // a lockd whose log store reports no write metrics
-			gc = append(gc, fmt.Sprintf("(%s) %s %s: %.1f commands per Raft entry", a.Workload, a.System, a.Setup, a.CommandsPerEntry))
+			gc = append(gc, fmt.Sprintf("(%s) %s %s %s: %.1f commands per Raft entry", a.Workload, a.System, a.Setup, a.Clients, a.CommandsPerEntry))
 		}
 	}
 	if len(gc) > 0 {
@@ -274,14 +360,16 @@ func writeMarkdown(w io.Writer, rep *report, wls []workload) {
 		return
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "lockd ÷ etcd, each system in its faster setup (throughput: higher is better for lockd; latency and CPU: lower is better):")
+	fmt.Fprintln(w, "lockd ÷ best peer, in the same client setup, every system in its faster setup; the best peer is the better of etcd and ZooKeeper for each metric on its own, named next to the ratio (throughput: higher is better for lockd; latency and CPU: lower is better):")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| workload | lockd | lockd setup | etcd setup | cycles/s ratio (vs etcd on leader) | acquire p50 ratio | acquire p99 ratio | server CPU/1k ratio | goal | met | acquire p99 ≤ etcd |")
+	fmt.Fprintln(w, "| workload | clients | lockd | lockd setup | cycles/s ratio (vs best peer on leader) | acquire p50 ratio | acquire p99 ratio | server CPU/1k ratio | goal | met | acquire p99 ≤ best peer |")
 	fmt.Fprintln(w, "|---|---|---|---|--:|--:|--:|--:|---|---|---|")
 	for _, r := range rep.Ratios {
-		fmt.Fprintf(w, "| (%s) | %s | %s | %s | %s× (%s×) | %s | %s | %s | %s | %s | %s |\n",
-			r.Workload, r.LockdSystem, r.LockdSetup, r.EtcdSetup, f1(r.Throughput), f1(r.ThroughputVsEL), f1(r.AcquireP50), f1(r.AcquireP99),
-			f1(r.CPUPer1k), r.Goal, yes(r.GoalMet), yes(r.AcquireP99Met))
+		fmt.Fprintf(w, "| (%s) | %s | %s | %s | %s× %s (%s×) | %s× %s | %s× %s | %s× %s | %s | %s | %s |\n",
+			r.Workload, r.Clients, r.LockdSystem, r.LockdSetup,
+			f1(r.Throughput), r.ThroughputPeer, f1(r.ThroughputVsLeader),
+			f1(r.AcquireP50), r.AcquireP50Peer, f1(r.AcquireP99), r.AcquireP99Peer,
+			f1(r.CPUPer1k), r.CPUPer1kPeer, r.Goal, yes(r.GoalMet), yes(r.AcquireP99Met))
 	}
 }
 
@@ -305,45 +393,46 @@ func writeJSON(path string, v any) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
-// series colours: lockd blues, etcd oranges.
-var seriesColors = map[string]color.Color{
-	"lockd/leader":      color.RGBA{R: 31, G: 119, B: 180, A: 255},
-	"lockd/spread":      color.RGBA{R: 120, G: 180, B: 225, A: 255},
-	"lockd-wal/leader":  color.RGBA{R: 120, G: 60, B: 170, A: 255},
-	"lockd-wal/spread":  color.RGBA{R: 190, G: 150, B: 220, A: 255},
-	"lockd-http/leader": color.RGBA{R: 44, G: 160, B: 44, A: 255},
-	"lockd-http/spread": color.RGBA{R: 150, G: 215, B: 140, A: 255},
-	"etcd/leader":       color.RGBA{R: 230, G: 110, B: 20, A: 255},
-	"etcd/spread":       color.RGBA{R: 250, G: 185, B: 120, A: 255},
+// systemColors: lockd blues and purples, lockd-http green, etcd orange,
+// ZooKeeper red; a shared client is drawn in a lighter shade.
+var systemColors = map[string]color.RGBA{
+	"lockd":      {R: 31, G: 119, B: 180, A: 255},
+	"lockd-wal":  {R: 120, G: 60, B: 170, A: 255},
+	"lockd-http": {R: 44, G: 160, B: 44, A: 255},
+	"etcd":       {R: 230, G: 110, B: 20, A: 255},
+	"zookeeper":  {R: 200, G: 30, B: 50, A: 255},
 }
 
-func seriesLabel(sys, setup string) string {
-	if setup == setupSpread {
-		if strings.HasPrefix(sys, "lockd") {
-			return sys + " (all endpoints)"
-		}
-		return sys + " (spread)"
+func seriesColor(sys, clients string) color.Color {
+	c, ok := systemColors[sys]
+	if !ok {
+		c = color.RGBA{R: 128, G: 128, B: 128, A: 255}
 	}
-	return sys + " (leader)"
+	if clients == clientsShared {
+		light := func(v uint8) uint8 { return v + (255-v)/2 }
+		c = color.RGBA{R: light(c.R), G: light(c.G), B: light(c.B), A: 255}
+	}
+	return c
 }
 
-// writeChart draws cycles/s and acquire p99 per workload for every
-// (system, setup) into one PNG.
+// writeChart draws cycles/s and acquire p99 per workload for every (system,
+// client setup), each system in its faster setup, into one PNG.
 func writeChart(path string, rep *report, wls []workload) error {
-	type key struct{ sys, setup string }
+	type key struct{ sys, clients string }
 	var keys []key
 	seen := map[key]bool{}
 	for _, a := range rep.Summary {
-		k := key{a.System, a.Setup}
+		k := key{a.System, a.Clients}
 		if !seen[k] {
 			seen[k] = true
 			keys = append(keys, k)
 		}
 	}
-	order := map[string]int{"lockd/leader": 0, "lockd/spread": 1, "lockd-wal/leader": 2, "lockd-wal/spread": 3,
-		"lockd-http/leader": 4, "lockd-http/spread": 5, "etcd/leader": 6, "etcd/spread": 7}
 	sort.Slice(keys, func(i, j int) bool {
-		return order[keys[i].sys+"/"+keys[i].setup] < order[keys[j].sys+"/"+keys[j].setup]
+		if keys[i].sys != keys[j].sys {
+			return systemOrder[keys[i].sys] < systemOrder[keys[j].sys]
+		}
+		return keys[i].clients < keys[j].clients
 	})
 	var names []string
 	for _, wl := range wls {
@@ -356,27 +445,28 @@ func writeChart(path string, rep *report, wls []workload) error {
 		p.Y.Label.Text = ylabel
 		p.NominalX(names...)
 		p.Legend.Top = true
-		w := vg.Points(14)
+		w := vg.Points(max(6, min(14, 100/float64(max(len(keys), 1)))))
 		n := len(keys)
 		for i, k := range keys {
 			vals := make(plotter.Values, len(wls))
 			var lbl plotter.XYLabels
 			for j, wl := range wls {
-				if a := find(rep.Summary, wl.Key, k.sys, k.setup); a != nil {
-					vals[j] = val(a)
+				text := "" // no bar: the system did not run it (no shared run of (e))
+				if a := best(rep.Summary, wl.Key, k.sys, k.clients); a != nil {
+					vals[j], text = val(a), f1(val(a))
 				}
 				lbl.XYs = append(lbl.XYs, plotter.XY{X: float64(j), Y: vals[j]})
-				lbl.Labels = append(lbl.Labels, f1(vals[j]))
+				lbl.Labels = append(lbl.Labels, text)
 			}
 			b, err := plotter.NewBarChart(vals, w)
 			if err != nil {
 				return nil, err
 			}
 			b.Offset = vg.Length(float64(i)-float64(n-1)/2) * w
-			b.Color = seriesColors[k.sys+"/"+k.setup]
+			b.Color = seriesColor(k.sys, k.clients)
 			b.LineStyle.Width = 0
 			p.Add(b)
-			p.Legend.Add(seriesLabel(k.sys, k.setup), b)
+			p.Legend.Add(k.sys+" ("+k.clients+" client)", b)
 			l, err := plotter.NewLabels(lbl)
 			if err == nil {
 				for x := range l.TextStyle {
@@ -393,7 +483,7 @@ func writeChart(path string, rep *report, wls []workload) error {
 		p.Y.Max *= 1.25 // room for the legend and the labels
 		return p, nil
 	}
-	p1, err := mk("acquire+release cycles per second (higher is better)", "cycles/s", func(a *aggResult) float64 { return a.CyclesPerSec })
+	p1, err := mk("acquire+release cycles per second, each system in its faster setup (higher is better)", "cycles/s", func(a *aggResult) float64 { return a.CyclesPerSec })
 	if err != nil {
 		return err
 	}
@@ -401,7 +491,7 @@ func writeChart(path string, rep *report, wls []workload) error {
 	if err != nil {
 		return err
 	}
-	img := vgimg.New(vg.Points(900), vg.Points(900))
+	img := vgimg.New(vg.Points(1100), vg.Points(900))
 	dc := draw.New(img)
 	tiles := draw.Tiles{Rows: 2, Cols: 1, PadTop: vg.Points(6), PadBottom: vg.Points(6), PadLeft: vg.Points(6), PadRight: vg.Points(12), PadY: vg.Points(16)}
 	cs := plot.Align([][]*plot.Plot{{p1}, {p2}}, tiles, dc)

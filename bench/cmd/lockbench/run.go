@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -49,10 +50,13 @@ func summarize(h *hdr.Histogram) latency {
 	}
 }
 
-// runResult is one measured run: one system, one setup, one workload, one round.
+// runResult is one measured run: one system, one setup, one client setup,
+// one workload, one round.
 type runResult struct {
 	System       string  `json:"system"`
 	Setup        string  `json:"setup"`
+	Clients      string  `json:"clients"`  // per-worker or shared
+	Sessions     int     `json:"sessions"` // sessions the workers held
 	Workload     string  `json:"workload"`
 	Round        int     `json:"round"`
 	Seconds      float64 `json:"seconds"` // measured window
@@ -80,6 +84,13 @@ type runResult struct {
 	acqH, relH *hdr.Histogram
 }
 
+// preparer is a system whose locks need something made before they are
+// used (ZooKeeper: the lock's parent node); runOne calls it before the clock
+// starts.
+type preparer interface {
+	prepare(ctx context.Context, runID string, names []string) error
+}
+
 type runOpts struct {
 	warmup, duration time.Duration
 	opTimeout        time.Duration
@@ -97,19 +108,42 @@ type lockerStats struct {
 
 var runSeq int
 
-// runOne opens the workload's sessions on sys, lets every locker loop
+// runsShared reports whether wl has a shared-client run: a workload with
+// idle sessions (e) is about holding many sessions, which one shared
+// session is not.
+func runsShared(wl workload) bool { return wl.Clients == wl.Lockers }
+
+// runOne opens the workload's sessions on sys (per-worker: one per client
+// of the workload; shared: one for all its lockers), lets every locker loop
 // acquire → release for warmup+duration, and measures the window after the
 // warmup.
-func runOne(ctx context.Context, sys system, wl workload, setup string, round int, o runOpts) (*runResult, error) {
+func runOne(ctx context.Context, sys system, wl workload, setup, clients string, round int, o runOpts) (*runResult, error) {
 	runSeq++
-	runID := fmt.Sprintf("%s%d%c%d", wl.Key, round, setup[0], runSeq)
+	runID := fmt.Sprintf("%s%d%c%c%d", wl.Key, round, setup[0], clients[0], runSeq)
+	shared := clients == clientsShared
+	n, sessions := wl.Clients, wl.Clients
+	if shared {
+		n, sessions = wl.Lockers, 1
+	}
+	names := make([]string, wl.Lockers)
+	for i := range names {
+		names[i] = fmt.Sprintf("lb-%s-%d", runID, i)
+		if wl.Hot {
+			names[i] = "lb-" + runID + "-hot"
+		}
+	}
 	t0 := time.Now()
-	ws, closeShared, err := sys.workers(ctx, wl.Clients, setup, runID)
+	ws, closeShared, err := sys.workers(ctx, n, setup, shared, runID)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s (%s): opening %d sessions: %w", sys.name(), wl.Key, setup, wl.Clients, err)
+		return nil, fmt.Errorf("%s %s (%s, %s): opening %d sessions: %w", sys.name(), wl.Key, setup, clients, sessions, err)
 	}
 	defer closeShared()
 	defer closeParallel(ws)
+	if p, ok := sys.(preparer); ok {
+		if err := p.prepare(ctx, runID, slices.Compact(slices.Clone(names))); err != nil {
+			return nil, fmt.Errorf("%s %s (%s, %s): preparing the locks: %w", sys.name(), wl.Key, setup, clients, err)
+		}
+	}
 	setupSec := time.Since(t0).Seconds()
 
 	pids := sys.serverPIDs()
@@ -119,7 +153,7 @@ func runOne(ctx context.Context, sys system, wl workload, setup string, round in
 	start := time.Now()
 	mStart := start.Add(o.warmup)
 	end := mStart.Add(o.duration)
-	o.prog.startRun(fmt.Sprintf("%s %-6s %s r%d", wl.Key, setup, sys.name(), round), o.warmup+o.duration)
+	o.prog.startRun(fmt.Sprintf("%s %-6s %-10s %s r%d", wl.Key, setup, clients, sys.name(), round), o.warmup+o.duration)
 
 	// Every op is bounded; the run as a whole ends at most 30 s after end.
 	runCtx, cancel := context.WithDeadline(ctx, end.Add(30*time.Second))
@@ -130,11 +164,8 @@ func runOne(ctx context.Context, sys system, wl workload, setup string, round in
 	for i := 0; i < wl.Lockers; i++ {
 		st := &lockerStats{acq: newHist(), rel: newHist()}
 		stats[i] = st
-		name := fmt.Sprintf("lb-%s-%d", runID, i)
-		if wl.Hot {
-			name = "lb-" + runID + "-hot"
-		}
-		w := ws[i*(wl.Clients/wl.Lockers)] // lockers spread over the sessions
+		name := names[i]
+		w := ws[i*(n/wl.Lockers)] // lockers spread over the sessions
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -176,8 +207,11 @@ func runOne(ctx context.Context, sys system, wl workload, setup string, round in
 	// CPU at the edges of the measured window.
 	var cpu0, cpu1, lcpu0, lcpu1, scpu0, scpu1, m0, m1 float64
 	sleepUntil(ctx, mStart)
-	lm0 := lockdLeaderMetrics(ctx, sys)
+	// CPU first: the leader's /metrics can take longer than a quick run's
+	// window to answer under load, and a reading after it would measure
+	// nothing.
 	cpu0, lcpu0, scpu0, m0 = sumCPU(pids), sumCPU([]int{leader}), sumCPU([]int{self}), machineBusy()
+	lm0 := lockdLeaderMetrics(ctx, sys)
 	hookDone := make(chan struct{})
 	if o.hook != nil {
 		go func() {
@@ -195,7 +229,7 @@ func runOne(ctx context.Context, sys system, wl workload, setup string, round in
 	o.prog.endRun()
 
 	r := &runResult{
-		System: sys.name(), Setup: setup, Workload: wl.Key, Round: round,
+		System: sys.name(), Setup: setup, Clients: clients, Sessions: sessions, Workload: wl.Key, Round: round,
 		Seconds:   o.duration.Seconds(),
 		ServerCPU: cpu1 - cpu0, LeaderCPU: lcpu1 - lcpu0, ClientCPU: scpu1 - scpu0,
 		OtherCPU:     max((m1-m0)-(cpu1-cpu0)-(scpu1-scpu0), 0),

@@ -28,7 +28,21 @@ const (
 	setupSpread = "spread"
 )
 
-// worker is one client: one session that loops acquire → release.
+// Client setups: whether the workers of one run share one client.
+const (
+	// clientsPerWorker: every worker has its own client and session (lockd:
+	// its own client.Client; etcd: its own concurrency.Session, over
+	// --etcd-clients shared clientv3 clients; ZooKeeper: its own zk.Conn).
+	clientsPerWorker = "per-worker"
+	// clientsShared: the workers of a run share one client and one session
+	// (lockd: one client.Client; etcd: one clientv3.Client and one
+	// concurrency.Session; ZooKeeper: one zk.Conn) — the setup of a service
+	// whose goroutines take locks through one client.
+	clientsShared = "shared"
+)
+
+// worker is one locker: it loops acquire → release, in a session of its
+// own or in one it shares with the other workers of the run.
 type worker interface {
 	lock(ctx context.Context, name string) error
 	unlock(ctx context.Context) error
@@ -38,9 +52,11 @@ type worker interface {
 // system is one lock service under test.
 type system interface {
 	name() string
-	// workers opens n clients (sessions) for setup. runID keeps client IDs
-	// and keys of different runs apart.
-	workers(ctx context.Context, n int, setup, runID string) ([]worker, func(), error)
+	// workers opens n workers for setup: n clients (sessions), or, when
+	// shared, n workers over one client. runID keeps client IDs and keys of
+	// different runs apart. The func closes what the workers share; it runs
+	// after every worker's close.
+	workers(ctx context.Context, n int, setup string, shared bool, runID string) ([]worker, func(), error)
 	serverPIDs() []int
 	leaderPID(ctx context.Context) int
 }
@@ -66,9 +82,22 @@ func openParallel(ctx context.Context, n int, open func(i int) (worker, error)) 
 		}(i)
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	var first error
+	failed := 0
+	for _, err := range errs {
+		if err != nil {
+			failed++
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	if failed > 0 {
 		closeParallel(ws)
-		return nil, err
+		if failed > 1 {
+			return nil, fmt.Errorf("%w (and %d more of %d)", first, failed-1, n)
+		}
+		return nil, first
 	}
 	return ws, nil
 }
@@ -133,30 +162,44 @@ func (s *lockdSystem) endpointsFor(ctx context.Context, setup string, i int) ([]
 	return rotate(s.c.endpoints(), i), nil
 }
 
-func (s *lockdSystem) workers(ctx context.Context, n int, setup, runID string) ([]worker, func(), error) {
+func (s *lockdSystem) open(ctx context.Context, setup string, i int, id string) (*client.Client, error) {
+	eps, err := s.endpointsFor(ctx, setup, i)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return client.New(cctx, client.Config{Endpoints: eps, ClientID: id, SessionTTL: s.sessionTTL})
+}
+
+func (s *lockdSystem) workers(ctx context.Context, n int, setup string, shared bool, runID string) ([]worker, func(), error) {
+	if shared {
+		// One session; the client serializes its own goroutines on one
+		// name (the server knows the client by its ID, not by goroutine).
+		c, err := s.open(ctx, setup, 0, fmt.Sprintf("lb-%s-shared", runID))
+		if err != nil {
+			return nil, nil, err
+		}
+		ws := make([]worker, n)
+		for i := range ws {
+			ws[i] = &lockdWorker{c: c}
+		}
+		return ws, func() { _ = c.Close() }, nil
+	}
 	ws, err := openParallel(ctx, n, func(i int) (worker, error) {
-		eps, err := s.endpointsFor(ctx, setup, i)
+		c, err := s.open(ctx, setup, i, fmt.Sprintf("lb-%s-%d", runID, i))
 		if err != nil {
 			return nil, err
 		}
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		c, err := client.New(cctx, client.Config{
-			Endpoints:  eps,
-			ClientID:   fmt.Sprintf("lb-%s-%d", runID, i),
-			SessionTTL: s.sessionTTL,
-		})
-		if err != nil {
-			return nil, err
-		}
-		return &lockdWorker{c: c}, nil
+		return &lockdWorker{c: c, own: true}, nil
 	})
 	return ws, func() {}, err
 }
 
 type lockdWorker struct {
-	c *client.Client
-	l *client.Lock
+	c   *client.Client
+	own bool // c is this worker's alone (closed with it)
+	l   *client.Lock
 }
 
 func (w *lockdWorker) lock(ctx context.Context, name string) error {
@@ -177,7 +220,12 @@ func (w *lockdWorker) unlock(ctx context.Context) error {
 	return err
 }
 
-func (w *lockdWorker) close() error { return w.c.Close() }
+func (w *lockdWorker) close() error {
+	if !w.own {
+		return nil
+	}
+	return w.c.Close()
+}
 
 // ---- lockd through its plain HTTP API (no session, a TTL per lock) ----
 
@@ -187,22 +235,41 @@ type lockdHTTPSystem struct {
 
 func (s *lockdHTTPSystem) name() string { return "lockd-http" }
 
-func (s *lockdHTTPSystem) workers(ctx context.Context, n int, setup, runID string) ([]worker, func(), error) {
-	tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, IdleConnTimeout: 90 * time.Second}
-	hc := &http.Client{
-		Transport:     tr,
-		Timeout:       60 * time.Second,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+// workers: there is no session on the plain API, so every worker keeps its
+// own client ID (one ID would make the hot lock a re-grant, not a wait);
+// shared or not is whether the workers share one http.Client (a pool of
+// keep-alive connections) or each has its own.
+func (s *lockdHTTPSystem) workers(ctx context.Context, n int, setup string, shared bool, runID string) ([]worker, func(), error) {
+	newHC := func() (*http.Client, *http.Transport) {
+		tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, IdleConnTimeout: 90 * time.Second}
+		return &http.Client{
+			Transport:     tr,
+			Timeout:       60 * time.Second,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}, tr
 	}
+	var trs []*http.Transport
+	closeAll := func() {
+		for _, tr := range trs {
+			tr.CloseIdleConnections()
+		}
+	}
+	hc, tr := newHC()
+	trs = append(trs, tr)
 	ws := make([]worker, n)
 	for i := range ws {
 		eps, err := s.endpointsFor(ctx, setup, i)
 		if err != nil {
+			closeAll()
 			return nil, nil, err
+		}
+		if !shared && i > 0 {
+			hc, tr = newHC()
+			trs = append(trs, tr)
 		}
 		ws[i] = &lockdHTTPWorker{hc: hc, base: eps[0], id: fmt.Sprintf("lbh-%s-%d", runID, i)}
 	}
-	return ws, tr.CloseIdleConnections, nil
+	return ws, closeAll, nil
 }
 
 type lockdHTTPWorker struct {
@@ -324,7 +391,7 @@ func (s *etcdSystem) poolSize(n int) int {
 	return max(k, 1)
 }
 
-func (s *etcdSystem) workers(ctx context.Context, n int, setup, runID string) ([]worker, func(), error) {
+func (s *etcdSystem) workers(ctx context.Context, n int, setup string, shared bool, runID string) ([]worker, func(), error) {
 	var leaderURL string
 	if setup == setupLeader {
 		l, err := s.c.leader(ctx)
@@ -334,6 +401,31 @@ func (s *etcdSystem) workers(ctx context.Context, n int, setup, runID string) ([
 		leaderURL = l.clientURL
 	}
 	eps := s.c.endpoints()
+	ttl := max(int(s.sessionTTL/time.Second), 1)
+	pfx := "/lockbench/" + runID + "/"
+	if shared {
+		// One clientv3.Client (given every member when spread: its
+		// balancer spreads the requests) and one session.
+		ceps := eps
+		if setup == setupLeader {
+			ceps = []string{leaderURL}
+		}
+		cli, err := newEtcdClient(ceps)
+		if err != nil {
+			return nil, nil, err
+		}
+		sess, err := concurrency.NewSession(cli, concurrency.WithTTL(ttl))
+		if err != nil {
+			cli.Close()
+			return nil, nil, err
+		}
+		g := &localGates{}
+		ws := make([]worker, n)
+		for i := range ws {
+			ws[i] = &etcdWorker{s: sess, pfx: pfx, gates: g}
+		}
+		return ws, func() { _ = sess.Close(); cli.Close() }, nil
+	}
 	k := s.poolSize(n)
 	if setup == setupSpread {
 		k = max(k, len(eps))
@@ -358,14 +450,13 @@ func (s *etcdSystem) workers(ctx context.Context, n int, setup, runID string) ([
 		}
 		pool[j] = c
 	}
-	ttl := max(int(s.sessionTTL/time.Second), 1)
 	ws, err := openParallel(ctx, n, func(i int) (worker, error) {
 		// The session's context outlives this call: it carries the keepalives.
 		sess, err := concurrency.NewSession(pool[i%k], concurrency.WithTTL(ttl))
 		if err != nil {
 			return nil, err
 		}
-		return &etcdWorker{s: sess, pfx: "/lockbench/" + runID + "/"}, nil
+		return &etcdWorker{s: sess, pfx: pfx, own: true}, nil
 	})
 	if err != nil {
 		closePool()
@@ -374,18 +465,55 @@ func (s *etcdSystem) workers(ctx context.Context, n int, setup, runID string) ([
 	return ws, closePool, nil
 }
 
+// localGates lets one worker of the process at a time at a lock name. One
+// etcd session cannot hold one Mutex twice: both Mutexes write the same key
+// (prefix + lease ID), and both think they hold the lock. Goroutines sharing
+// a session must therefore take turns in the process first — what lockd's
+// client does inside for its own session.
+type localGates struct{ m sync.Map } // name → chan struct{} (capacity 1)
+
+func (g *localGates) enter(ctx context.Context, name string) error {
+	v, ok := g.m.Load(name)
+	if !ok {
+		v, _ = g.m.LoadOrStore(name, make(chan struct{}, 1))
+	}
+	select {
+	case v.(chan struct{}) <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g *localGates) leave(name string) {
+	if v, ok := g.m.Load(name); ok {
+		<-v.(chan struct{})
+	}
+}
+
 type etcdWorker struct {
-	s   *concurrency.Session
-	pfx string
-	m   *concurrency.Mutex
+	s     *concurrency.Session
+	own   bool        // s is this worker's alone (closed with it)
+	gates *localGates // when the session is shared
+	pfx   string
+	name  string
+	m     *concurrency.Mutex
 }
 
 func (w *etcdWorker) lock(ctx context.Context, name string) error {
+	if w.gates != nil {
+		if err := w.gates.enter(ctx, name); err != nil {
+			return err
+		}
+	}
 	m := concurrency.NewMutex(w.s, w.pfx+name)
 	if err := m.Lock(ctx); err != nil {
+		if w.gates != nil {
+			w.gates.leave(name)
+		}
 		return err
 	}
-	w.m = m
+	w.m, w.name = m, name
 	return nil
 }
 
@@ -395,8 +523,17 @@ func (w *etcdWorker) unlock(ctx context.Context) error {
 	}
 	err := w.m.Unlock(ctx)
 	w.m = nil
+	if w.gates != nil {
+		w.gates.leave(w.name)
+	}
 	return err
 }
 
-// close revokes the session's lease (bounded by the session TTL inside Close).
-func (w *etcdWorker) close() error { return w.s.Close() }
+// close revokes the session's lease (bounded by the session TTL inside
+// Close); a shared session is closed by the run.
+func (w *etcdWorker) close() error {
+	if !w.own {
+		return nil
+	}
+	return w.s.Close()
+}
