@@ -316,6 +316,9 @@ loop:
 						if r.Errors > 0 {
 							prog.note("%s %s %s %s r%d: %d errors, first: %s", wl.Key, setup, cm, sys.name(), round, r.Errors, r.FirstError)
 						}
+						if r.Cycles == 0 {
+							prog.note("%s %s %s %s r%d: no cycle completed inside the measured window", wl.Key, setup, cm, sys.name(), round)
+						}
 						time.Sleep(300 * time.Millisecond) // let the closed sessions settle
 					}
 				}

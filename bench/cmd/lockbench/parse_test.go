@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
@@ -65,6 +66,16 @@ func TestAggregateAndRatios(t *testing.T) {
 	rs := ratios(sum, []workload{allWorkloads[1]}, "lockd", clientsPerWorker)
 	if len(rs) != 1 || rs[0].Throughput != 5 || rs[0].ThroughputPeer != "etcd leader" || !rs[0].GoalMet || rs[0].AcquireP50 > 0.26 {
 		t.Fatalf("ratios: %+v", rs)
+	}
+	// Spread only: no peer ran on its leader, and the report must still
+	// encode (JSON has no NaN).
+	spread := aggregate([]*runResult{mk("lockd", setupSpread, 100, 1000), mk("etcd", setupSpread, 50, 1000)})
+	rs = ratios(spread, []workload{allWorkloads[1]}, "lockd", clientsPerWorker)
+	if len(rs) != 1 || rs[0].ThroughputVsLeader != 0 || rs[0].Throughput != 2 {
+		t.Fatalf("spread-only ratios: %+v", rs)
+	}
+	if _, err := json.Marshal(&report{Summary: spread, Ratios: rs}); err != nil {
+		t.Fatalf("report does not encode: %v", err)
 	}
 	if rs := ratios(sum, []workload{allWorkloads[1]}, "lockd", clientsShared); len(rs) != 0 {
 		t.Fatalf("ratios of a client setup that did not run: %+v", rs)

@@ -55,7 +55,7 @@ type aggResult struct {
 }
 
 // ratio compares one lockd system with its best peer on one workload, in
-// one client setup. Every system is taken in its faster setup (more
+// one client setup; a ratio of 0 was not measured. Every system is taken in its faster setup (more
 // cycles/s); the best peer is, for each metric on its own, the better of
 // the peers (etcd, ZooKeeper) there, and the ratio names which one it was.
 type ratio struct {
@@ -232,9 +232,11 @@ var goals = map[string]struct {
 // client setup. A workload no peer ran has no ratio.
 func ratios(sum []*aggResult, wls []workload, lockdSys, clients string) []ratio {
 	var out []ratio
+	// 0 stands for "not measured" (JSON has no NaN): a peer with no run
+	// on the leader, a window whose CPU was not read.
 	div := func(a, b float64) float64 {
-		if b == 0 {
-			return math.NaN()
+		if b == 0 || a == 0 {
+			return 0
 		}
 		return a / b
 	}
@@ -304,6 +306,14 @@ func f1(v float64) string {
 	}
 }
 
+// times prints a ratio, "–" for one not measured (0).
+func times(v float64) string {
+	if v == 0 {
+		return "–"
+	}
+	return f1(v) + "×"
+}
+
 func yes(b bool) string {
 	if b {
 		return "yes"
@@ -365,11 +375,11 @@ func writeMarkdown(w io.Writer, rep *report, wls []workload) {
 	fmt.Fprintln(w, "| workload | clients | lockd | lockd setup | cycles/s ratio (vs best peer on leader) | acquire p50 ratio | acquire p99 ratio | server CPU/1k ratio | goal | met | acquire p99 ≤ best peer |")
 	fmt.Fprintln(w, "|---|---|---|---|--:|--:|--:|--:|---|---|---|")
 	for _, r := range rep.Ratios {
-		fmt.Fprintf(w, "| (%s) | %s | %s | %s | %s× %s (%s×) | %s× %s | %s× %s | %s× %s | %s | %s | %s |\n",
+		fmt.Fprintf(w, "| (%s) | %s | %s | %s | %s %s (%s) | %s %s | %s %s | %s %s | %s | %s | %s |\n",
 			r.Workload, r.Clients, r.LockdSystem, r.LockdSetup,
-			f1(r.Throughput), r.ThroughputPeer, f1(r.ThroughputVsLeader),
-			f1(r.AcquireP50), r.AcquireP50Peer, f1(r.AcquireP99), r.AcquireP99Peer,
-			f1(r.CPUPer1k), r.CPUPer1kPeer, r.Goal, yes(r.GoalMet), yes(r.AcquireP99Met))
+			times(r.Throughput), r.ThroughputPeer, times(r.ThroughputVsLeader),
+			times(r.AcquireP50), r.AcquireP50Peer, times(r.AcquireP99), r.AcquireP99Peer,
+			times(r.CPUPer1k), r.CPUPer1kPeer, r.Goal, yes(r.GoalMet), yes(r.AcquireP99Met))
 	}
 }
 
