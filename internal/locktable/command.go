@@ -18,6 +18,7 @@ const (
 	OpSetMember     Op = 9  // a member publishes its addresses
 	OpRemoveMember  Op = 10 // a member left the configuration
 	OpBatch         Op = 11 // several commands in one log entry (group commit)
+	OpCheckpoint    Op = 12 // log verifier checkpoint: changes nothing, sets nothing in motion
 )
 
 var opNames = map[Op]string{
@@ -25,7 +26,7 @@ var opNames = map[Op]string{
 	OpExpireLock: "expire_lock", OpTimeoutWaiter: "timeout_waiter",
 	OpCreateSession: "create_session", OpDeleteSession: "delete_session",
 	OpExpireSession: "expire_session", OpSetMember: "set_member",
-	OpRemoveMember: "remove_member", OpBatch: "batch",
+	OpRemoveMember: "remove_member", OpBatch: "batch", OpCheckpoint: "checkpoint",
 }
 
 func (o Op) String() string {

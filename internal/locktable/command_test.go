@@ -116,7 +116,7 @@ func TestCommandEncodingGolden(t *testing.T) {
 	for op, want := range map[lt.Op]uint8{
 		lt.OpAcquire: 1, lt.OpRelease: 2, lt.OpRenew: 3, lt.OpExpireLock: 4, lt.OpTimeoutWaiter: 5,
 		lt.OpCreateSession: 6, lt.OpDeleteSession: 7, lt.OpExpireSession: 8, lt.OpSetMember: 9,
-		lt.OpRemoveMember: 10, lt.OpBatch: 11,
+		lt.OpRemoveMember: 10, lt.OpBatch: 11, lt.OpCheckpoint: 12,
 	} {
 		if uint8(op) != want {
 			t.Errorf("%v = %d, want %d", op, uint8(op), want)
@@ -151,7 +151,7 @@ func TestDecodeCommandRejects(t *testing.T) {
 		{"version 0", with(0, 0)},
 		{"newer version", with(0, 2)},
 		{"op 0", with(1, 0)},
-		{"op 12", with(1, 12)},
+		{"op 13", with(1, 13)},
 		{"op 255", with(1, 255)},
 		{"unknown field bit", head(1, 1<<12)},
 		{"unknown field bit among known ones", raw(head(2, 1|1<<12), str("a"))},
