@@ -47,7 +47,7 @@ func run(args []string, stderr io.Writer) int {
 	fs.DurationVar(&cfg.LeaderLeaseTimeout, "leader-lease-timeout", server.DefaultLeaderLeaseTimeout, "a leader without quorum contact this long steps down (<= heartbeat timeout)")
 	fs.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", 8192, "log entries between snapshots")
 	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", 2*time.Minute, "how often to check whether a snapshot is due")
-	fs.StringVar(&cfg.LogStore, "log-store", "bolt", "Raft log backend: bolt (raft-boltdb) or wal (raft-wal: about half the commit latency; its authors still call it experimental). Fixed for a data dir's life")
+	fs.StringVar(&cfg.LogStore, "log-store", "", "Raft log backend: wal (raft-wal) or bolt (raft-boltdb); unset: the one the data dir holds, wal for a new data dir. Fixed for a data dir's life; a contradicting value is refused. Either is checked online by the log verifier")
 	fs.Uint64Var(&cfg.TrailingLogs, "trailing-logs", 10240, "log entries kept after a snapshot so slow followers catch up without one")
 	dialOverride := fs.String("raft-dial-override", "", "peeraddr=dialaddr,...: dial these peers' Raft addresses through other addresses (NAT, proxies)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"flag"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -54,5 +56,23 @@ func TestRunRefusesBadConfiguration(t *testing.T) {
 		if code := run(c.args, &stderr); code != c.code || !strings.Contains(stderr.String(), c.want) {
 			t.Errorf("lockd %v: exit %d, want %d with %q in:\n%s", c.args, code, c.code, c.want, stderr.String())
 		}
+	}
+}
+
+// TestRunRefusesLogStoreTheDataDirContradicts: a data dir keeps the log
+// store it was created with; asking for the other one stops the start with
+// a message that names both ways out.
+func TestRunRefusesLogStoreTheDataDirContradicts(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "raft.db"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	code := run([]string{"--data-dir", dir, "--log-store", "wal", "--http-addr", "127.0.0.1:0", "--raft-addr", "127.0.0.1:0"}, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "holds a bolt log") || !strings.Contains(stderr.String(), "--log-store bolt or without --log-store") {
+		t.Fatalf("exit %d:\n%s", code, stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "wal")); err == nil {
+		t.Fatal("the refused start created wal/")
 	}
 }

@@ -34,10 +34,11 @@ type proposalResult struct {
 // ErrUnknownOutcome: it may still commit.
 func (n *Node) Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error) {
 	// An entry the state machine cannot decode would panic every member, at
-	// every restart: refuse it here. A batch would nest in the batcher's.
+	// every restart: refuse it here. A batch would nest in the batcher's;
+	// checkpoints are the node's own (Checkpoint).
 	err := cmd.Validate()
-	if err == nil && cmd.Op == locktable.OpBatch {
-		err = fmt.Errorf("%w: a batch", locktable.ErrInvalidCommand)
+	if err == nil && (cmd.Op == locktable.OpBatch || cmd.Op == locktable.OpCheckpoint) {
+		err = fmt.Errorf("%w: a %s", locktable.ErrInvalidCommand, cmd.Op)
 	}
 	if err != nil {
 		return locktable.Result{}, fmt.Errorf("raftnode: refusing to propose: %w", err)

@@ -1,8 +1,8 @@
 // Package raftnode is the only package that imports hashicorp/raft. It runs
-// one member: durable log and stable store (raft-boltdb), file snapshots,
-// the TCP transport, the FSM adapter around the pure lock table, proposals
-// with a clear "unknown outcome", linearizable reads, membership changes and
-// leadership transfer.
+// one member: durable log and stable store (raft-wal or raft-boltdb, checked
+// online by raft-wal's verifier), file snapshots, the TCP transport, the FSM
+// adapter around the pure lock table, proposals with a clear "unknown
+// outcome", linearizable reads, membership changes and leadership transfer.
 package raftnode
 
 import (
@@ -66,10 +66,16 @@ type Config struct {
 	SnapshotInterval   time.Duration
 	TrailingLogs       uint64
 	SnapshotRetain     int
-	// LogStore selects the log backend: "bolt" (raft-boltdb/v2, durable,
-	// the default), "wal" (hashicorp/raft-wal, durable, lower latency) or
-	// "memory" (tests only: nothing survives a restart).
+	// LogStore selects the log backend: "wal" (hashicorp/raft-wal), "bolt"
+	// (raft-boltdb/v2), "memory" (tests only: nothing survives a restart),
+	// or "" for the one the data dir holds, and wal for a new data dir. A
+	// data dir keeps the store it was created with: a choice it contradicts
+	// is refused. Both durable stores are checked by the log verifier.
 	LogStore string
+	// CheckpointEntries and CheckpointInterval set how often the leader
+	// writes a log verifier checkpoint (DefaultCheckpointEntries).
+	CheckpointEntries  uint64
+	CheckpointInterval time.Duration
 
 	// Listener and Dial replace the TCP listener and dialer of the Raft
 	// transport; tests use them to cut and delay links. The node owns
@@ -116,8 +122,11 @@ func (c *Config) setDefaults() {
 	if c.SnapshotRetain == 0 {
 		c.SnapshotRetain = 3
 	}
-	if c.LogStore == "" {
-		c.LogStore = "bolt"
+	if c.CheckpointEntries == 0 {
+		c.CheckpointEntries = DefaultCheckpointEntries
+	}
+	if c.CheckpointInterval == 0 {
+		c.CheckpointInterval = DefaultCheckpointInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -144,6 +153,8 @@ type Node struct {
 	fsm       *fsm
 	transport *raft.NetworkTransport
 	logs      raft.LogStore
+	logStore  string       // the store in use: "wal", "bolt" or "memory"
+	verified  *verifiedLog // nil for the memory store
 	closers   []io.Closer
 	log       *slog.Logger
 
@@ -190,18 +201,15 @@ func New(cfg Config) (*Node, error) {
 	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft." + cfg.ID, Level: hclog.LevelFromString(cfg.RaftLogLevel),
 		Output: cfg.RaftLogOut, JSONFormat: cfg.RaftLogJSON})
 
-	// A data dir keeps the log backend it was created with: opening the
-	// other one would find no state and bootstrap a second, empty history.
-	for store, file := range map[string]string{"bolt": "raft.db", "wal": "wal"} {
-		if cfg.LogStore != store && cfg.LogStore != "memory" {
-			if _, err := os.Stat(filepath.Join(cfg.DataDir, file)); err == nil {
-				return nil, fmt.Errorf("raftnode: data dir %s holds a %s log; start with --log-store %s", cfg.DataDir, store, store)
-			}
-		}
+	store, found, err := chooseLogStore(cfg.DataDir, cfg.LogStore)
+	if err != nil {
+		return nil, err
 	}
+	n.logStore = store
+	n.log.Info("opening the log store", "store", store, "data_dir", cfg.DataDir, "found_in_data_dir", found)
 	var logs raft.LogStore
 	var stable raft.StableStore
-	switch cfg.LogStore {
+	switch store {
 	case "bolt":
 		// No freelist sync: bolt rebuilds its freelist when it opens, so a
 		// commit writes fewer pages (Consul's no_freelist_sync). The map
@@ -219,10 +227,14 @@ func New(cfg Config) (*Node, error) {
 	case "wal":
 		// raft-wal: segment files, one fsync per append (bolt does two);
 		// measured here at about half bolt's commit latency. Its README
-		// still calls it experimental, so bolt stays the default.
+		// still calls it experimental: the log verifier below is why it is
+		// the default all the same (docs/OPERATIONS.md, "Storage").
 		dir := filepath.Join(cfg.DataDir, "wal")
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			return nil, fmt.Errorf("raftnode: wal dir: %w", err)
+		}
+		if err := walInUse(dir); err != nil {
+			return nil, fmt.Errorf("raftnode: %w: is another lockd running on data dir %s?", err, cfg.DataDir)
 		}
 		// WAL.Close leaves its meta store open (and its file locked), so the
 		// node owns the meta store and closes it after the WAL.
@@ -243,7 +255,11 @@ func New(cfg Config) (*Node, error) {
 	default:
 		return nil, fmt.Errorf("raftnode: unknown log store %q", cfg.LogStore)
 	}
-	if cfg.LogStore != "memory" {
+	if store != "memory" {
+		// Below the cache, so the check reads what the disk returns.
+		n.verified = newVerifiedLog(logs, cfg.Logger)
+		n.closers = append(n.closers, n.verified)
+		logs = n.verified
 		// Replication reads back the entries it just appended: serve them
 		// from memory instead of the store.
 		cache, err := raft.NewLogCache(512, logs)
@@ -340,6 +356,10 @@ func New(cfg Config) (*Node, error) {
 	n.wg.Add(2)
 	go n.watchLeadership()
 	go n.runBatcher()
+	if n.verified != nil {
+		n.wg.Add(1)
+		go n.runCheckpoints()
+	}
 	ok = true
 	return n, nil
 }
@@ -375,6 +395,9 @@ func (n *Node) HadState() bool { return n.hadState }
 
 // ID is this member's id.
 func (n *Node) ID() string { return n.cfg.ID }
+
+// LogStore names the log store in use: "wal", "bolt" or "memory".
+func (n *Node) LogStore() string { return n.logStore }
 
 // RaftAddr is the address other members dial.
 func (n *Node) RaftAddr() string { return n.cfg.Advertise }
@@ -715,6 +738,52 @@ func (n *Node) Kill() error {
 		n.closeStores()
 	})
 	return err
+}
+
+// chooseLogStore picks the log store for a data dir: the one it holds
+// (raft.db: bolt, wal/: wal), or for a new data dir the one asked for, wal
+// by default. Opening the other store than the one a data dir holds would
+// find no state and bootstrap a second, empty history, so an explicit
+// choice the data dir contradicts is refused, and a data dir is never
+// converted.
+func chooseLogStore(dir, want string) (store string, found bool, err error) {
+	if want == "memory" {
+		return want, false, nil
+	}
+	var held []string
+	for _, s := range [...]struct{ store, file string }{{"bolt", "raft.db"}, {"wal", "wal"}} {
+		if _, err := os.Stat(filepath.Join(dir, s.file)); err == nil {
+			held = append(held, s.store)
+		}
+	}
+	switch {
+	case len(held) > 1:
+		return "", false, fmt.Errorf("raftnode: data dir %s holds both a bolt log (raft.db) and a wal log (wal/); "+
+			"move the one not in use out of it", dir)
+	case len(held) == 1 && want != "" && want != held[0]:
+		return "", false, fmt.Errorf("raftnode: data dir %s holds a %s log, not %s: a data dir keeps the log store it was created with; "+
+			"start with --log-store %s or without --log-store", dir, held[0], want, held[0])
+	case len(held) == 1:
+		return held[0], true, nil
+	case want != "":
+		return want, false, nil
+	}
+	return "wal", false, nil
+}
+
+// walInUse fails when another process has the wal open. raft-wal opens its
+// meta store (bolt) with no lock timeout, so a second lockd on the same data
+// dir would wait for the lock forever: look first, with a timeout.
+func walInUse(dir string) error {
+	path := filepath.Join(dir, metadb.FileName)
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second, ReadOnly: true})
+	if errors.Is(err, bbolt.ErrTimeout) {
+		return fmt.Errorf("%s is locked", path)
+	}
+	if err != nil {
+		return nil // absent (a new log), or unreadable: raftwal.Open says why
+	}
+	return db.Close()
 }
 
 func (n *Node) closeStores() {

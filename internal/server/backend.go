@@ -277,6 +277,9 @@ func (s *Server) Readyz() (bool, string) {
 	if _, at := s.node.Undecodable(); at > 0 {
 		return false, fmt.Sprintf("the committed entry at index %d was written by a newer lockd: this member halted there and applies nothing more; upgrade it", at)
 	}
+	if lc := s.node.LogCheck(); lc.Mismatches > 0 {
+		return false, fmt.Sprintf("this member's Raft log differs from what the leader wrote (%d ranges; last: %s): replace its data dir (docs/OPERATIONS.md, Storage)", lc.Mismatches, lc.LastMismatch)
+	}
 	switch {
 	case id == "":
 		return false, "no leader known"

@@ -233,17 +233,23 @@ func TestMembershipChangesWhileServing(t *testing.T) {
 	}
 }
 
-// TestWALLogStore runs a cluster on raft-wal, restarts a member on it, and
-// checks a data dir refuses the other backend.
-func TestWALLogStore(t *testing.T) {
-	c := testutil.NewCluster(t, 3, testutil.Options{LogStore: "wal"})
+// TestBoltDataDirStaysBolt: a cluster made on raft-boltdb (the default
+// before raft-wal) restarts with no --log-store on bolt, with its state,
+// and its data dirs refuse the other store.
+func TestBoltDataDirStaysBolt(t *testing.T) {
+	store := "bolt"
+	c := testutil.NewCluster(t, 3, testutil.Options{Modify: func(cfg *server.Config) { cfg.LogStore = store }})
 	l := c.WaitLeader(10 * time.Second)
 	r := testutil.Post(lockURL(l, "w", "acquire"), map[string]any{"client_id": "a", "ttl_ms": 60000})
 	if r.Status != 200 {
 		t.Fatal(r.Raw)
 	}
+	store = "" // an upgrade: the flag's default is now "the data dir's store"
 	c.Kill(l.ID)
 	c.Restart(l.ID)
+	if s := c.Members[l.ID].Srv.Node().LogStore(); s != "bolt" {
+		t.Fatalf("a bolt data dir restarted on %q", s)
+	}
 	testutil.WaitFor(t, 10*time.Second, "restarted member to have the lock", func() bool {
 		var li locktable.LockInfo
 		c.Members[l.ID].Srv.View(func(tab *locktable.Table) { li = tab.Get("w") })
@@ -251,9 +257,9 @@ func TestWALLogStore(t *testing.T) {
 	})
 	m := c.Members[l.ID]
 	c.Kill(l.ID)
-	_, err := server.New(server.Config{ID: m.ID, DataDir: m.Dir, HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", LogStore: "bolt"})
-	if err == nil || !strings.Contains(err.Error(), "wal") {
-		t.Fatalf("a wal data dir opened with bolt: %v", err)
+	_, err := server.New(server.Config{ID: m.ID, DataDir: m.Dir, HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", LogStore: "wal"})
+	if err == nil || !strings.Contains(err.Error(), "holds a bolt log") {
+		t.Fatalf("a bolt data dir opened with wal: %v", err)
 	}
 }
 

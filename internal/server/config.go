@@ -44,7 +44,10 @@ type Config struct {
 	SnapshotThreshold  uint64
 	SnapshotInterval   time.Duration
 	TrailingLogs       uint64
-	LogStore           string // "bolt" (default), "wal", or "memory" (tests)
+	// LogStore is "" (the store the data dir holds; wal for a new one),
+	// "wal", "bolt", or "memory" (tests). A data dir keeps the store it was
+	// created with: a choice it contradicts is refused at start.
+	LogStore string
 
 	Logger       *slog.Logger
 	RaftLogLevel string
@@ -214,7 +217,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--cluster-id: %w", err))
 	}
 	if c.LogStore != "" && c.LogStore != "bolt" && c.LogStore != "wal" && c.LogStore != "memory" {
-		errs = append(errs, fmt.Errorf("--log-store %q: want bolt or wal", c.LogStore))
+		errs = append(errs, fmt.Errorf("--log-store %q: want wal or bolt, or leave it unset", c.LogStore))
 	}
 	if err := validateQuotas(c.Quotas); err != nil {
 		errs = append(errs, err)

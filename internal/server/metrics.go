@@ -92,6 +92,7 @@ type stateCollector struct {
 	held, waiters, sessions, token   *prometheus.Desc
 	term, commit, applied, snapIndex *prometheus.Desc
 	undecodable                      *prometheus.Desc
+	logVerified, logMismatches       *prometheus.Desc
 }
 
 func newStateCollector(s *Server) *stateCollector {
@@ -107,11 +108,16 @@ func newStateCollector(s *Server) *stateCollector {
 		snapIndex: d("lockd_raft_last_snapshot_index", "Index of the last snapshot."),
 		undecodable: prometheus.NewDesc("lockd_raft_undecodable_entries_total",
 			"Committed entries this member skipped because it could not decode them.", nil, nil),
+		logVerified: prometheus.NewDesc("lockd_raft_wal_verifier_ranges_verified_total",
+			"Log ranges between two checkpoints this member read back equal to what the leader wrote (raft-wal's log verifier).", nil, nil),
+		logMismatches: prometheus.NewDesc("lockd_raft_wal_verifier_mismatches_total",
+			"Log ranges this member stored or received differently from what the leader wrote: corruption; the member reports not ready.", nil, nil),
 	}
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.held, c.waiters, c.sessions, c.token, c.term, c.commit, c.applied, c.snapIndex, c.undecodable} {
+	for _, d := range []*prometheus.Desc{c.held, c.waiters, c.sessions, c.token, c.term, c.commit, c.applied, c.snapIndex, c.undecodable,
+		c.logVerified, c.logMismatches} {
 		ch <- d
 	}
 }
@@ -126,6 +132,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	g(c.token, float64(st.LastToken))
 	n, _ := c.s.node.Undecodable()
 	ch <- prometheus.MustNewConstMetric(c.undecodable, prometheus.CounterValue, float64(n))
+	if lc := c.s.node.LogCheck(); lc.Enabled {
+		ch <- prometheus.MustNewConstMetric(c.logVerified, prometheus.CounterValue, float64(lc.Verified))
+		ch <- prometheus.MustNewConstMetric(c.logMismatches, prometheus.CounterValue, float64(lc.Mismatches))
+	}
 	rs := c.s.node.Stats()
 	for d, key := range map[*prometheus.Desc]string{c.term: "term", c.commit: "commit_index",
 		c.applied: "applied_index", c.snapIndex: "last_snapshot_index"} {

@@ -43,7 +43,7 @@ type Cluster struct {
 // Options tune a test cluster.
 type Options struct {
 	Heartbeat time.Duration // default 200ms
-	LogStore  string        // default bolt
+	LogStore  string        // default "": lockd's default, wal for these new data dirs
 	Modify    func(*server.Config)
 }
 

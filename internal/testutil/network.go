@@ -1,7 +1,7 @@
 // Package testutil holds the test harnesses: a fault-injecting network for
 // Raft links, an in-process cluster of real servers (real TCP on loopback,
-// real bolt stores) that can be partitioned, killed and restarted, and small
-// HTTP helpers.
+// real log stores on disk) that can be partitioned, killed and restarted, and
+// small HTTP helpers.
 package testutil
 
 import (

@@ -34,7 +34,7 @@ var (
 	flagFaults   = flag.String("chaos.faults", "", "comma-separated fault kinds (default: all; see AllFaults)")
 	flagKeep     = flag.Bool("chaos.keep", false, "write the history and logs of a passing run too")
 	flagReplay   = flag.String("chaos.replay", "", "history.json of an earlier run to check again (TestReplay)")
-	flagLockd    = flag.String("chaos.lockd-flags", "", "extra lockd flags for every member, space-separated (e.g. \"--log-store wal\")")
+	flagLockd    = flag.String("chaos.lockd-flags", "", "extra lockd flags for every member, space-separated (e.g. \"--log-store bolt\": the default is wal)")
 )
 
 // processStart is when this test binary started: cmd/go kills a test
