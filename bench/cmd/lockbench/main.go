@@ -112,13 +112,13 @@ func benchMain(args []string) int {
 	rounds := fs.Int("rounds", 2, "runs per system per workload and setup (A B A B ...)")
 	wlFlag := fs.String("workloads", "a,b,c,d,e", "workloads to run, from a,b,c,d,e")
 	setupsFlag := fs.String("setups", "leader,spread", "client setups: leader (clients on the leader), spread (client i on member i mod N; lockd clients get all endpoints)")
-	systemsFlag := fs.String("systems", "lockd,lockd-wal,etcd,zookeeper", "systems: lockd (client package, WebSocket sessions; default log store raft-boltdb), lockd-wal (the same on a second cluster with --log-store wal), etcd, zookeeper (skipped with a note when not installed), lockd-http (plain HTTP API)")
+	systemsFlag := fs.String("systems", "lockd,lockd-bolt,etcd,zookeeper", "systems: lockd (client package, WebSocket sessions; the default log store, raft-wal), lockd-bolt (the same on a second cluster with --log-store bolt), etcd, zookeeper (skipped with a note when not installed), lockd-http (plain HTTP API)")
 	clientsFlag := fs.String("clients", "both", "whether the workers of a run share a client: per-worker (every worker its own client and session), shared (one client and one session for all), both")
 	zkClasspath := fs.String("zk-classpath", "", "java classpath of the ZooKeeper server (default: Debian's "+debianZKJar+")")
 	zkHeap := fs.String("zk-heap", "256m", "heap of each ZooKeeper JVM (-Xmx)")
 	zkWarmup := fs.Duration("zk-warmup", time.Minute, "lock cycles through every ZooKeeper member before the first measured run, so the JVMs have compiled the request path (its rate per fifth is printed, to show whether it levelled off)")
 	sessionTTL := fs.Duration("session-ttl", 10*time.Second, "session TTL of every client of every system (keepalives every third)")
-	lockdFlags := fs.String("lockd-flags", "", "extra lockd flags for every member, space-separated (e.g. \"--log-store wal\")")
+	lockdFlags := fs.String("lockd-flags", "", "extra lockd flags for every member, space-separated (e.g. \"--log-store bolt\")")
 	etcdConns := fs.Int("etcd-clients", 1, "with --clients per-worker: clientv3 clients (gRPC connections) the etcd workers of one run share, each with its own session; at least one per member in the spread setup (default 1, as etcd advises: one client per process)")
 	opTimeout := fs.Duration("op-timeout", 30*time.Second, "bound of one acquire or release")
 	cpuProfile := fs.String("cpuprofile", "", "write a pprof CPU profile of lockbench itself (the clients) to this file")
@@ -228,9 +228,9 @@ func benchMain(args []string) int {
 		defer ec.stop()
 	}
 
-	var lw *lockdCluster // the raft-wal cluster, only when asked for
-	if slices.Contains(sysNames, "lockd-wal") {
-		lw, err = startLockd(ctx, bin, filepath.Join(dir, "lockd-wal"), cf.members, append(slices.Clone(rep.Config.LockdFlags), "--log-store", "wal"))
+	var lw *lockdCluster // the raft-boltdb cluster, only when asked for
+	if slices.Contains(sysNames, "lockd-bolt") {
+		lw, err = startLockd(ctx, bin, filepath.Join(dir, "lockd-bolt"), cf.members, append(slices.Clone(rep.Config.LockdFlags), "--log-store", "bolt"))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "lockbench:", err)
 			return 1
@@ -265,8 +265,8 @@ func benchMain(args []string) int {
 		switch n {
 		case "lockd":
 			systems = append(systems, &lockdSystem{c: lc, sessionTTL: *sessionTTL})
-		case "lockd-wal":
-			systems = append(systems, &lockdSystem{c: lw, sessionTTL: *sessionTTL, label: "lockd-wal"})
+		case "lockd-bolt":
+			systems = append(systems, &lockdSystem{c: lw, sessionTTL: *sessionTTL, label: "lockd-bolt"})
 		case "lockd-http":
 			systems = append(systems, &lockdHTTPSystem{lockdSystem{c: lc, sessionTTL: *sessionTTL}})
 		case "etcd":
@@ -329,7 +329,7 @@ loop:
 	rep.Finished = time.Now()
 	rep.Summary = aggregate(rep.Runs)
 	for _, cm := range clientModes {
-		for _, n := range []string{"lockd", "lockd-wal", "lockd-http"} {
+		for _, n := range []string{"lockd", "lockd-bolt", "lockd-http"} {
 			rep.Ratios = append(rep.Ratios, ratios(rep.Summary, wls, n, cm)...)
 		}
 	}
@@ -361,7 +361,7 @@ func splitList(s string) []string {
 }
 
 // knownSystems are the names --systems takes.
-var knownSystems = []string{"lockd", "lockd-wal", "lockd-http", "etcd", "zookeeper"}
+var knownSystems = []string{"lockd", "lockd-bolt", "lockd-http", "etcd", "zookeeper"}
 
 // pickClients parses --clients.
 func pickClients(s string) ([]string, error) {

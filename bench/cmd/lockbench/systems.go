@@ -134,7 +134,7 @@ func rotate(eps []string, i int) []string {
 type lockdSystem struct {
 	c          *lockdCluster
 	sessionTTL time.Duration
-	label      string // "lockd", or "lockd-wal" for the cluster on raft-wal
+	label      string // "lockd", or "lockd-bolt" for the cluster on raft-boltdb
 }
 
 func (s *lockdSystem) name() string {
