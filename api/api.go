@@ -240,3 +240,29 @@ type NodeStatus struct {
 const (
 	HeaderLeader = "X-Lockd-Leader"
 )
+
+// MultiAcquireRequest is the body of POST /api/v1/acquire (SPEC
+// "Multi-lock"): every named lock in one committed step, or none.
+type MultiAcquireRequest struct {
+	ClientID      string   `json:"client_id"`
+	Locks         []string `json:"locks"`
+	Mode          string   `json:"mode,omitempty"`
+	TTLms         *int64   `json:"ttl_ms,omitempty"`
+	WaitTimeoutMs *int64   `json:"wait_timeout_ms,omitempty"`
+	SessionID     string   `json:"session_id,omitempty"`
+}
+
+// ValueRequest is the body of POST /api/v1/locks/{name}/value (SPEC
+// "Values and elections").
+type ValueRequest struct {
+	ClientID     string `json:"client_id"`
+	FencingToken uint64 `json:"fencing_token"`
+	Value        string `json:"value"`
+}
+
+// Limits of the lock kinds and values (SPEC).
+const (
+	MinMultiLocks = 2
+	MaxMultiLocks = 64
+	MaxValueBytes = 4096
+)

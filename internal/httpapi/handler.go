@@ -157,11 +157,11 @@ func New(cfg Config) *Handler {
 	rt.handle("POST", "/api/v1/locks/{name}/acquire", h.acquire)
 	rt.handle("POST", "/api/v1/locks/{name}/release", h.release)
 	rt.handle("POST", "/api/v1/locks/{name}/renew", h.renew)
-	rt.handle("POST", "/api/v1/locks/{name}/value", notServed) // SPEC "Values and elections"
+	rt.handle("POST", "/api/v1/locks/{name}/value", h.setValue) // SPEC "Values and elections"
 	rt.handle("GET", "/api/v1/locks/{name}", h.getLock)
 	rt.handle("DELETE", "/api/v1/locks/{name}", notServed) // SPEC "Revocation"
 	rt.handle("GET", "/api/v1/locks", h.listLocks)
-	rt.handle("POST", "/api/v1/acquire", notServed) // SPEC "Multi-lock"
+	rt.handle("POST", "/api/v1/acquire", h.acquireMany) // SPEC "Multi-lock"
 	rt.handle("POST", "/api/v1/sessions", h.createSession)
 	rt.handle("POST", "/api/v1/sessions/{id}/keepalive", h.keepalive)
 	rt.handle("DELETE", "/api/v1/sessions/{id}", h.deleteSession)
