@@ -16,6 +16,15 @@ type confirmer struct {
 	mu      sync.Mutex
 	waiting []chan error
 	running bool
+	stopped bool // the node is shutting down: no new round goroutine
+}
+
+// stop refuses new rounds, so none is started while Shutdown waits for the
+// node's goroutines.
+func (c *confirmer) stop() {
+	c.mu.Lock()
+	c.stopped = true
+	c.mu.Unlock()
 }
 
 // ConfirmLeadership returns nil once a quorum has acknowledged this member
@@ -28,6 +37,10 @@ func (n *Node) ConfirmLeadership(ctx context.Context) error {
 	ch := make(chan error, 1)
 	c := &n.confirm
 	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return ErrShutdown
+	}
 	c.waiting = append(c.waiting, ch)
 	if !c.running {
 		c.running = true

@@ -720,6 +720,7 @@ func (n *Node) Shutdown() error {
 			}
 		}
 		err = n.raft.Shutdown().Error()
+		n.confirm.stop()
 		close(n.done)
 		n.wg.Wait()
 		n.closeStores()
@@ -733,6 +734,7 @@ func (n *Node) Kill() error {
 	var err error
 	n.stopOnce.Do(func() {
 		err = n.raft.Shutdown().Error()
+		n.confirm.stop()
 		close(n.done)
 		n.wg.Wait()
 		n.closeStores()
