@@ -407,7 +407,7 @@ func writeJSON(path string, v any) error {
 // ZooKeeper red; a shared client is drawn in a lighter shade.
 var systemColors = map[string]color.RGBA{
 	"lockd":      {R: 31, G: 119, B: 180, A: 255},
-	"lockd-bolt":  {R: 120, G: 60, B: 170, A: 255},
+	"lockd-bolt": {R: 120, G: 60, B: 170, A: 255},
 	"lockd-http": {R: 44, G: 160, B: 44, A: 255},
 	"etcd":       {R: 230, G: 110, B: 20, A: 255},
 	"zookeeper":  {R: 200, G: 30, B: 50, A: 255},
