@@ -221,10 +221,10 @@ var goals = map[string]struct {
 	text string
 	met  func(r ratio) bool
 }{
-	"a": {"acquire p50 ≤ 0.5× best peer", func(r ratio) bool { return r.AcquireP50 <= 0.5 }},
-	"b": {"≥ 5× best peer cycles/s", func(r ratio) bool { return r.Throughput >= 5 }},
-	"c": {"≥ 4× best peer hand-offs/s", func(r ratio) bool { return r.Throughput >= 4 }},
-	"d": {"≥ 3× best peer cycles/s", func(r ratio) bool { return r.Throughput >= 3 }},
+	"a": {"acquire p50 ≤ 0.7× best peer", func(r ratio) bool { return r.AcquireP50 <= 0.7 }},
+	"b": {"≥ 2× best peer cycles/s", func(r ratio) bool { return r.Throughput >= 2 }},
+	"c": {"≥ 1.5× best peer hand-offs/s", func(r ratio) bool { return r.Throughput >= 1.5 }},
+	"d": {"≥ 2× best peer cycles/s", func(r ratio) bool { return r.Throughput >= 2 }},
 	"e": {"acquire p99 ≤ best peer", func(r ratio) bool { return r.AcquireP99 <= 1 }},
 }
 
