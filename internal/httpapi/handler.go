@@ -534,27 +534,41 @@ func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify
 	}
 }
 
-func (h *Handler) release(w http.ResponseWriter, r *http.Request) {
+// holderRequest reads what every request of a lock's holder starts with
+// (release, renew, value): the lock name, lock access to it, the body into
+// body, and the holder's client_id and fencing_token as holder returns them
+// once the body is read. It answers a refused request itself and then
+// reports false.
+func (h *Handler) holderRequest(w http.ResponseWriter, r *http.Request, body any, holder func() (string, uint64)) (string, auth.Identity, bool) {
 	name, err := lockName(r)
 	if err != nil {
 		writeError(w, err)
-		return
+		return "", auth.Identity{}, false
 	}
 	who, ok := h.allow(w, r, auth.Lock, name, false)
 	if !ok {
-		return
+		return "", auth.Identity{}, false
 	}
-	var req api.ReleaseRequest
-	if err := decode(w, r, &req, false); err != nil {
+	if err := decode(w, r, body, false); err != nil {
 		writeError(w, err)
-		return
+		return "", auth.Identity{}, false
 	}
-	if err := validClientID("client_id", req.ClientID); err != nil {
+	client, token := holder()
+	if err := validClientID("client_id", client); err != nil {
 		writeError(w, err)
-		return
+		return "", auth.Identity{}, false
 	}
-	if req.FencingToken == 0 {
+	if token == 0 {
 		writeError(w, invalid("fencing_token is required"))
+		return "", auth.Identity{}, false
+	}
+	return name, who, true
+}
+
+func (h *Handler) release(w http.ResponseWriter, r *http.Request) {
+	var req api.ReleaseRequest
+	name, who, ok := h.holderRequest(w, r, &req, func() (string, uint64) { return req.ClientID, req.FencingToken })
+	if !ok {
 		return
 	}
 	if h.routeToLeader(w, r) {
@@ -574,26 +588,9 @@ func (h *Handler) release(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) renew(w http.ResponseWriter, r *http.Request) {
-	name, err := lockName(r)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	who, ok := h.allow(w, r, auth.Lock, name, false)
-	if !ok {
-		return
-	}
 	var req api.RenewRequest
-	if err := decode(w, r, &req, false); err != nil {
-		writeError(w, err)
-		return
-	}
-	if err := validClientID("client_id", req.ClientID); err != nil {
-		writeError(w, err)
-		return
-	}
-	if req.FencingToken == 0 {
-		writeError(w, invalid("fencing_token is required"))
+	name, who, ok := h.holderRequest(w, r, &req, func() (string, uint64) { return req.ClientID, req.FencingToken })
+	if !ok {
 		return
 	}
 	if err := checkRange("ttl_ms", req.TTLms, api.MinTTLms, api.MaxTTLms); err != nil {

@@ -64,25 +64,8 @@ func validMultiAcquire(req *api.MultiAcquireRequest) error {
 }
 
 func (h *Handler) setValue(w http.ResponseWriter, r *http.Request) {
-	name, err := lockName(r)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	if _, ok := h.allow(w, r, auth.Lock, name, false); !ok {
-		return
-	}
 	var req api.ValueRequest
-	if err := decode(w, r, &req, false); err != nil {
-		writeError(w, err)
-		return
-	}
-	if err := validClientID("client_id", req.ClientID); err != nil {
-		writeError(w, err)
-		return
-	}
-	if req.FencingToken == 0 {
-		writeError(w, invalid("fencing_token is required"))
+	if _, _, ok := h.holderRequest(w, r, &req, func() (string, uint64) { return req.ClientID, req.FencingToken }); !ok {
 		return
 	}
 	if len(req.Value) > api.MaxValueBytes || !utf8.ValidString(req.Value) {

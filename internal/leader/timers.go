@@ -482,18 +482,14 @@ func (t *Timers) fire(ctx context.Context, it item) {
 			t.rearm(it, max(li.ExpiresAt, t.now()+t.cfg.Retry.Milliseconds()))
 		} else {
 			t.mu.Lock()
-			if t.locks != nil {
-				delete(t.locks, it.token)
-			}
+			delete(t.locks, it.token)
 			t.mu.Unlock()
 		}
 	case kSession:
 		// The session was already gone: drop its timer, or keepalives for
 		// it would go on being answered.
 		t.mu.Lock()
-		if t.sessions != nil {
-			delete(t.sessions, it.id)
-		}
+		delete(t.sessions, it.id) // a no-op once the timers stopped (nil map)
 		t.mu.Unlock()
 	case kWaiter:
 		var deadline int64
