@@ -13,6 +13,7 @@ const (
 	CodeSessionExpired         // the named session does not exist
 	CodeInvalid                // a command that passed the API checks but is still malformed
 	CodeResourceExhausted      // a quota is used up (Result.Quota names it); nothing changed
+	CodeLimitMismatch          // acquire names another semaphore size (or mode) than the lock has
 )
 
 func (c Code) String() string {
@@ -27,6 +28,8 @@ func (c Code) String() string {
 		return "session_expired"
 	case CodeResourceExhausted:
 		return "resource_exhausted"
+	case CodeLimitMismatch:
+		return "limit_mismatch"
 	default:
 		return "invalid"
 	}
@@ -45,6 +48,9 @@ const (
 	EvWaitEnded                           // a waiter left the queue ungranted (Reason: wait_timeout, session_expired; Deadline names which wait)
 	EvSessionCreated                      // a session began (TTLms)
 	EvSessionEnded                        // a session ended (Reason: deleted, session_expired)
+	EvValueSet                            // a holder's value changed (Value)
+	EvDelayed                             // a lock-delay runs until ExpiresAt: no grants before
+	EvDelayEnded                          // a lock-delay ended; waiters may be granted again
 )
 
 // Reasons carried by events.
@@ -54,6 +60,7 @@ const (
 	ReasonWaitTimeout    = "wait_timeout"
 	ReasonDeleted        = "deleted"
 	ReasonRegrant        = "regrant" // EvGranted for an idempotent re-acquire by the holder
+	ReasonRevoked        = "revoked"
 )
 
 // Event is a deterministic by-product of Apply. The leader hands events to
@@ -69,6 +76,12 @@ type Event struct {
 	ExpiresAt int64
 	Deadline  int64
 	Reason    string
+	Mode      Mode
+	Value     string
+	// Locks are a multi-acquire's locks (EvGranted, EvQueued, EvWaitEnded
+	// of one): every lock of the request has its own event in the same
+	// step, each carrying the whole list.
+	Locks []string
 }
 
 // Result is what Apply returns for one command.
@@ -79,13 +92,32 @@ type Result struct {
 	Position  int    // acquire: queue position when queued (0 = next)
 	Token     uint64 // acquire/renew/release: the grant's token
 	ExpiresAt int64  // acquire/renew: the grant's expiry (0 = none)
-	Holder    string // lock_held: who holds it
+	Holder    string // lock_held: who holds it ("" for a free lock that is not free for a newcomer)
+	Lock      string // multi-acquire lock_held / limit_mismatch: the first blocking name
+	Mode      Mode   // acquire: the grant's mode
+	Grants    []Grant  // multi-acquire: one grant per lock, in name order
+	Tokens    []uint64 // revoke: the grants it ended
 	// Quota and QuotaLimit name the quota a resource_exhausted refusal hit
 	// and its value in the command.
 	Quota      Quota
 	QuotaLimit int64
 	Events     []Event
 	Batch      []Result // OpBatch: one result per command
+}
+
+// Grant is one lock of a multi-acquire's grant.
+type Grant struct {
+	Lock      string
+	Token     uint64
+	ExpiresAt int64
+	Mode      Mode
+}
+
+// ApplyAt applies the command committed at log index; lock statuses record
+// it as the index of their last change.
+func (t *Table) ApplyAt(index uint64, c Command) Result {
+	t.index = index
+	return t.Apply(c)
 }
 
 // Apply applies one committed command and returns its outcome. It is
@@ -95,7 +127,17 @@ func (t *Table) Apply(c Command) Result {
 	var r Result
 	switch c.Op {
 	case OpAcquire:
-		t.acquire(c, &r)
+		if len(c.Locks) > 0 {
+			t.acquireMany(c, &r)
+		} else {
+			t.acquire(c, &r)
+		}
+	case OpRevoke:
+		t.revoke(c, &r)
+	case OpEndDelay:
+		t.endDelay(c, &r)
+	case OpSetValue:
+		t.setValue(c, &r)
 	case OpRelease:
 		t.release(c, &r)
 	case OpRenew:
@@ -139,19 +181,26 @@ func (t *Table) Apply(c Command) Result {
 	return r
 }
 
-func (t *Table) lockFor(name string) *Lock {
+
+// touch records that l changed in the command being applied.
+func (t *Table) touch(l *Lock) { l.Index = t.index }
+
+func (t *Table) lockFor(name string, limit int64) *Lock {
 	l, ok := t.locks[name]
 	if !ok {
 		l = &Lock{Name: name}
+		if limit > 1 {
+			l.Limit = limit
+		}
 		t.locks[name] = l
 		t.names.insert(name)
 	}
 	return l
 }
 
-// dropIfEmpty keeps the table from growing with free, unwaited locks.
+// dropIfEmpty keeps the table from growing with locks that have no state.
 func (t *Table) dropIfEmpty(l *Lock) {
-	if l.Holder == nil && len(l.Waiters) == 0 {
+	if len(l.Holders) == 0 && len(l.Waiters) == 0 && l.DelayedUntil == 0 {
 		delete(t.locks, l.Name)
 		t.names.remove(l.Name)
 	}
@@ -164,8 +213,36 @@ func expiry(now, ttl int64) int64 {
 	return now + ttl
 }
 
+// validKinds checks the lock-kind fields of an acquire.
+func validKinds(c Command) bool {
+	return c.Mode <= Shared && c.Limit >= 0 && c.Limit <= MaxLimit && !(c.Mode == Shared && c.Limit > 1) &&
+		c.DelayMs >= 0 && c.DelayMs <= MaxLockDelayMs && len(c.Value) <= MaxValueBytes
+}
+
+// request is the waiter an acquire would become: what a grant is made from.
+func request(c Command) Waiter {
+	return Waiter{ClientID: c.ClientID, SessionID: c.SessionID, Owner: c.Owner, TTLms: c.TTLms,
+		Deadline: c.Now + c.WaitMs, EnqueuedAt: c.Now, Mode: c.Mode, DelayMs: c.DelayMs, Value: c.Value,
+		Locks: c.Locks}
+}
+
+// kindMismatch reports whether an acquire of mode m asking for limit (0: any)
+// cannot join lock l: another semaphore size while it has holders or
+// waiters, or a shared acquire on a semaphore.
+func kindMismatch(l *Lock, m Mode, limit int64) bool {
+	busy := len(l.Holders) > 0 || len(l.Waiters) > 0
+	if limit != 0 && limit != l.limit() && busy {
+		return true
+	}
+	eff := l.limit()
+	if limit != 0 && !busy {
+		eff = limit
+	}
+	return m == Shared && eff > 1
+}
+
 func (t *Table) acquire(c Command, r *Result) {
-	if c.Lock == "" || c.ClientID == "" || c.TTLms < 0 || c.WaitMs < 0 || (c.TTLms == 0 && c.SessionID == "") {
+	if c.Lock == "" || c.ClientID == "" || c.TTLms < 0 || c.WaitMs < 0 || (c.TTLms == 0 && c.SessionID == "") || !validKinds(c) {
 		r.Code = CodeInvalid
 		return
 	}
@@ -179,83 +256,142 @@ func (t *Table) acquire(c Command, r *Result) {
 		sess = s
 	}
 	l, exists := t.locks[c.Lock]
-	if !exists {
-		// A new lock: nothing to retry, and only room in the table decides.
-		if q := t.lockQuota(c, nil, sess, false); q != 0 {
-			c.Quotas.exhausted(r, q)
+	if exists && kindMismatch(l, c.Mode, c.Limit) {
+		r.Code, r.Lock = CodeLimitMismatch, l.Name
+		return
+	}
+	if i := l.holderOfIfAny(c.ClientID); i >= 0 {
+		h := l.Holders[i]
+		if !sameOwner(h.Owner, c.Owner) {
+			// The holder's client id used by another identity: not a retry.
+			r.Code, r.Holder = CodeLockHeld, h.ClientID
 			return
 		}
-		l = t.lockFor(c.Lock)
-	}
-	if h := l.Holder; h != nil && h.ClientID == c.ClientID && !sameOwner(h.Owner, c.Owner) {
-		// The holder's client id used by another identity: not a retry.
-		r.Code, r.Holder = CodeLockHeld, h.ClientID
-		return
-	}
-	if h := l.Holder; h != nil && h.ClientID == c.ClientID {
 		// Idempotent re-acquire by the holder: same grant, expiry refreshed.
-		if c.TTLms > 0 {
-			h.TTLms = c.TTLms
-		}
-		h.ExpiresAt = expiry(c.Now, h.TTLms)
-		r.Granted, r.Token, r.ExpiresAt = true, h.Token, h.ExpiresAt
-		r.Events = append(r.Events, Event{Kind: EvGranted, Lock: l.Name, ClientID: h.ClientID,
-			SessionID: h.SessionID, Token: h.Token, TTLms: h.TTLms, ExpiresAt: h.ExpiresAt, Reason: ReasonRegrant})
+		t.regrant(l, h, c.TTLms, c.Now, &r.Events)
+		r.Granted, r.Token, r.ExpiresAt, r.Mode = true, h.Token, h.ExpiresAt, h.Mode
 		return
 	}
-	for i := range l.Waiters {
+	if i := l.waiterOfIfAny(c.ClientID); i >= 0 {
 		w := &l.Waiters[i]
-		if w.ClientID != c.ClientID {
-			continue
-		}
-		if !sameOwner(w.Owner, c.Owner) {
+		if !sameOwner(w.Owner, c.Owner) || w.Locks != nil {
+			// Another identity's client, or this client's multi-acquire.
 			r.Code, r.Holder = CodeLockHeld, holderOf(l)
 			return
 		}
 		// Idempotent retry by a waiter: it keeps its place.
-		if c.WaitMs > 0 {
-			w.Deadline = c.Now + c.WaitMs
-			if c.TTLms > 0 { // as for the holder: a retry without a TTL keeps the queued one
-				w.TTLms = c.TTLms
-			}
-		}
+		t.rewait(l, i, c)
 		r.Queued, r.Position = true, i
-		r.Events = append(r.Events, Event{Kind: EvQueued, Lock: l.Name, ClientID: w.ClientID,
-			SessionID: w.SessionID, Deadline: w.Deadline})
+		r.Events = append(r.Events, queuedEvent(l.Name, *w))
 		return
 	}
-	if l.Holder == nil {
-		// A free lock has no live waiters (hand-off happens in the step that
-		// frees it), so the caller is first.
+	if !exists {
+		// A new lock: only room in the table decides.
+		if q := t.lockQuota(c, nil, sess, false); q != 0 {
+			c.Quotas.exhausted(r, q)
+			return
+		}
+		l = t.lockFor(c.Lock, c.Limit)
+	}
+	// A delayed lock without holders or waiters takes the size asked for,
+	// once the acquire adds something.
+	resize := exists && c.Limit != 0 && len(l.Holders) == 0 && len(l.Waiters) == 0
+	w := request(c)
+	if l.freeFor(w.Mode) {
 		if exists {
 			if q := t.lockQuota(c, l, sess, false); q != 0 {
 				c.Quotas.exhausted(r, q)
 				return
 			}
 		}
-		t.grant(l, c.ClientID, c.SessionID, c.Owner, c.TTLms, c.Now, &r.Events)
-		h := l.Holder
-		r.Granted, r.Token, r.ExpiresAt = true, h.Token, h.ExpiresAt
+		if resize {
+			l.setLimit(c.Limit)
+		}
+		h := t.grant(l, &w, c.Now, &r.Events)
+		r.Granted, r.Token, r.ExpiresAt, r.Mode = true, h.Token, h.ExpiresAt, h.Mode
 		return
 	}
 	if c.WaitMs == 0 {
-		r.Code, r.Holder = CodeLockHeld, l.Holder.ClientID
+		r.Code, r.Holder = CodeLockHeld, holderOf(l)
+		t.dropIfEmpty(l) // a delayed lock made no new state
 		return
 	}
 	if q := t.lockQuota(c, l, sess, true); q != 0 {
 		c.Quotas.exhausted(r, q)
 		return
 	}
-	w := Waiter{ClientID: c.ClientID, SessionID: c.SessionID, TTLms: c.TTLms,
-		Deadline: c.Now + c.WaitMs, EnqueuedAt: c.Now}
-	w.Owner = t.chargeLock(w.SessionID, c.Owner, 1)
+	if resize {
+		l.setLimit(c.Limit)
+	}
+	t.enqueue(l, w, sess)
+	r.Queued, r.Position = true, len(l.Waiters)-1
+	r.Events = append(r.Events, queuedEvent(l.Name, w))
+}
+
+func (l *Lock) setLimit(n int64) {
+	l.Limit = n
+	if n <= 1 {
+		l.Limit = 0
+	}
+}
+
+// holderOfIfAny and waiterOfIfAny accept a nil lock (one not in the table).
+func (l *Lock) holderOfIfAny(client string) int {
+	if l == nil {
+		return -1
+	}
+	return l.holderOf(client)
+}
+
+func (l *Lock) waiterOfIfAny(client string) int {
+	if l == nil {
+		return -1
+	}
+	return l.waiterOf(client)
+}
+
+// freeFor reports whether a newcomer of mode m may be granted l at once:
+// FIFO order (nobody waiting), no lock-delay, room beside the holders.
+func (l *Lock) freeFor(m Mode) bool {
+	return len(l.Waiters) == 0 && l.DelayedUntil == 0 && l.canHold(m)
+}
+
+func queuedEvent(lock string, w Waiter) Event {
+	return Event{Kind: EvQueued, Lock: lock, ClientID: w.ClientID, SessionID: w.SessionID,
+		Deadline: w.Deadline, Mode: w.Mode, Locks: w.Locks}
+}
+
+// regrant refreshes a holder's expiry for an idempotent re-acquire.
+func (t *Table) regrant(l *Lock, h *Holder, ttl, now int64, ev *[]Event) {
+	if ttl > 0 {
+		h.TTLms = ttl
+	}
+	h.ExpiresAt = expiry(now, h.TTLms)
+	t.touch(l)
+	*ev = append(*ev, Event{Kind: EvGranted, Lock: l.Name, ClientID: h.ClientID, SessionID: h.SessionID,
+		Token: h.Token, TTLms: h.TTLms, ExpiresAt: h.ExpiresAt, Reason: ReasonRegrant, Mode: h.Mode, Value: h.Value})
+}
+
+// rewait refreshes a waiter's deadline (and TTL) for an idempotent retry.
+func (t *Table) rewait(l *Lock, i int, c Command) {
+	w := &l.Waiters[i]
+	if c.WaitMs > 0 {
+		w.Deadline = c.Now + c.WaitMs
+		if c.TTLms > 0 { // as for the holder: a retry without a TTL keeps the queued one
+			w.TTLms = c.TTLms
+		}
+		t.touch(l)
+	}
+}
+
+// enqueue appends w to l's queue and indexes it under its session.
+func (t *Table) enqueue(l *Lock, w Waiter, sess *Session) {
+	w.Owner = t.chargeLock(w.SessionID, w.Owner, 1)
 	l.Waiters = append(l.Waiters, w)
 	if sess != nil {
 		sess.index(&sess.waits)[l.Name] = struct{}{}
 	}
-	r.Queued, r.Position = true, len(l.Waiters)-1
-	r.Events = append(r.Events, Event{Kind: EvQueued, Lock: l.Name, ClientID: w.ClientID,
-		SessionID: w.SessionID, Deadline: w.Deadline})
+	t.touch(l)
 }
 
 func (s *Session) index(m *map[string]struct{}) map[string]struct{} {
@@ -265,79 +401,70 @@ func (s *Session) index(m *map[string]struct{}) map[string]struct{} {
 	return *m
 }
 
-// grant makes the client the holder with a fresh token.
-func (t *Table) grant(l *Lock, client, session, owner string, ttl, now int64, ev *[]Event) {
+// grant makes w a holder of l with a fresh token.
+func (t *Table) grant(l *Lock, w *Waiter, now int64, ev *[]Event) *Holder {
 	t.lastToken++
-	l.Holder = &Holder{ClientID: client, SessionID: session, Owner: t.chargeLock(session, owner, 1),
-		Token: t.lastToken, TTLms: ttl, ExpiresAt: expiry(now, ttl), GrantedAt: now}
-	if s, ok := t.sessions[session]; ok {
+	h := &Holder{ClientID: w.ClientID, SessionID: w.SessionID, Owner: t.chargeLock(w.SessionID, w.Owner, 1),
+		Token: t.lastToken, TTLms: w.TTLms, ExpiresAt: expiry(now, w.TTLms), GrantedAt: now,
+		Mode: w.Mode, DelayMs: w.DelayMs, Value: w.Value}
+	l.Holders = append(l.Holders, h)
+	if s, ok := t.sessions[w.SessionID]; ok {
 		s.index(&s.holds)[l.Name] = struct{}{}
 	}
-	*ev = append(*ev, Event{Kind: EvGranted, Lock: l.Name, ClientID: client, SessionID: session,
-		Token: l.Holder.Token, TTLms: ttl, ExpiresAt: l.Holder.ExpiresAt})
-}
-
-// unhold clears the holder and its session index.
-func (t *Table) unhold(l *Lock) *Holder {
-	h := l.Holder
-	l.Holder = nil
-	if s, ok := t.sessions[h.SessionID]; ok && s.holds != nil {
-		delete(s.holds, l.Name)
-	}
-	t.chargeLock(h.SessionID, h.Owner, -1)
+	t.touch(l)
+	*ev = append(*ev, Event{Kind: EvGranted, Lock: l.Name, ClientID: h.ClientID, SessionID: h.SessionID,
+		Token: h.Token, TTLms: h.TTLms, ExpiresAt: h.ExpiresAt, Mode: h.Mode, Value: h.Value, Locks: w.Locks})
 	return h
 }
 
-// handOff grants a free lock to its first live waiter in the same step,
-// dropping waiters whose deadline passed or whose session is gone.
-func (t *Table) handOff(l *Lock, now int64, ev *[]Event) {
-	for l.Holder == nil && len(l.Waiters) > 0 {
-		w := l.Waiters[0]
-		l.Waiters = l.Waiters[1:]
-		t.unwait(l.Name, w)
-		if w.Deadline <= now {
-			*ev = append(*ev, Event{Kind: EvWaitEnded, Lock: l.Name, ClientID: w.ClientID,
-				SessionID: w.SessionID, Deadline: w.Deadline, Reason: ReasonWaitTimeout})
-			continue
-		}
-		if w.SessionID != "" {
-			if _, ok := t.sessions[w.SessionID]; !ok {
-				*ev = append(*ev, Event{Kind: EvWaitEnded, Lock: l.Name, ClientID: w.ClientID,
-					SessionID: w.SessionID, Deadline: w.Deadline, Reason: ReasonSessionExpired})
-				continue
-			}
-		}
-		t.grant(l, w.ClientID, w.SessionID, w.Owner, w.TTLms, now, ev)
+// unhold removes holder i of l and its session index entry (unless another
+// grant of l holds through the same session).
+func (t *Table) unhold(l *Lock, i int) *Holder {
+	h := l.Holders[i]
+	l.Holders = append(l.Holders[:i:i], l.Holders[i+1:]...)
+	if len(l.Holders) == 0 {
+		l.Holders = nil
 	}
-	if len(l.Waiters) == 0 {
-		l.Waiters = nil // let the backing array go
+	if s, ok := t.sessions[h.SessionID]; ok && s.holds != nil && !l.heldThrough(h.SessionID) {
+		delete(s.holds, l.Name)
 	}
-	t.dropIfEmpty(l)
+	t.chargeLock(h.SessionID, h.Owner, -1)
+	t.touch(l)
+	return h
 }
 
-// unwait removes a waiter, already taken out of the lock's queue, from its
-// session's index, unless another client still waits there through the same
-// session (a session is not tied to one client). The index must match what
-// Restore rebuilds, or a restored member would diverge.
-func (t *Table) unwait(lock string, w Waiter) {
-	t.chargeLock(w.SessionID, w.Owner, -1)
-	s, ok := t.sessions[w.SessionID]
-	if !ok || s.waits == nil {
-		return
-	}
-	if l, ok := t.locks[lock]; ok {
-		for _, o := range l.Waiters {
-			if o.SessionID == w.SessionID {
-				return
-			}
+func (l *Lock) heldThrough(session string) bool {
+	for _, o := range l.Holders {
+		if o.SessionID == session {
+			return true
 		}
 	}
-	delete(s.waits, lock)
+	return false
+}
+
+// endGrant ends holder i of l without a release (expiry, session expiry,
+// revocation): the holder is told it lost the lock, and the grant's
+// lock-delay starts.
+func (t *Table) endGrant(l *Lock, i int, reason string, now int64, ev *[]Event) *Holder {
+	h := t.unhold(l, i)
+	*ev = append(*ev, Event{Kind: EvLost, Lock: l.Name, ClientID: h.ClientID, SessionID: h.SessionID,
+		Token: h.Token, Reason: reason, Mode: h.Mode})
+	if h.DelayMs > 0 {
+		if until := now + h.DelayMs; until > l.DelayedUntil {
+			l.DelayedUntil = until
+			*ev = append(*ev, Event{Kind: EvDelayed, Lock: l.Name, ExpiresAt: until})
+		}
+	}
+	return h
 }
 
 func (t *Table) release(c Command, r *Result) {
 	l, ok := t.locks[c.Lock]
-	if !ok || l.Holder == nil || l.Holder.ClientID != c.ClientID || l.Holder.Token != c.Token || !sameOwner(l.Holder.Owner, c.Owner) {
+	i := -1
+	if ok {
+		i = l.holderOf(c.ClientID)
+	}
+	if i < 0 || l.Holders[i].Token != c.Token || !sameOwner(l.Holders[i].Owner, c.Owner) {
 		if who, ok := t.memoIdx[memoKey{c.Lock, c.Token}]; ok && who == c.ClientID {
 			r.Token = c.Token // a retry of a release that already happened
 			return
@@ -345,12 +472,12 @@ func (t *Table) release(c Command, r *Result) {
 		r.Code = CodeNotHolder
 		return
 	}
-	h := t.unhold(l)
+	h := t.unhold(l, i)
 	t.remember(c.Lock, h.Token, h.ClientID)
 	r.Token = h.Token
 	r.Events = append(r.Events, Event{Kind: EvReleased, Lock: l.Name, ClientID: h.ClientID,
-		SessionID: h.SessionID, Token: h.Token})
-	t.handOff(l, c.Now, &r.Events)
+		SessionID: h.SessionID, Token: h.Token, Mode: h.Mode})
+	t.advance(c.Now, &r.Events, l.Name)
 }
 
 func (t *Table) remember(lock string, token uint64, client string) {
@@ -366,39 +493,121 @@ func (t *Table) remember(lock string, token uint64, client string) {
 	t.memoIdx[memoKey{lock, token}] = client
 }
 
+// heldBy returns the grant of lock named by client and token, checked
+// against the caller's identity, or nil.
+func (t *Table) heldBy(c Command) (*Lock, *Holder) {
+	l, ok := t.locks[c.Lock]
+	if !ok {
+		return nil, nil
+	}
+	i := l.holderOf(c.ClientID)
+	if i < 0 || l.Holders[i].Token != c.Token || !sameOwner(l.Holders[i].Owner, c.Owner) {
+		return nil, nil
+	}
+	return l, l.Holders[i]
+}
+
 func (t *Table) renew(c Command, r *Result) {
 	if c.TTLms < 0 {
 		r.Code = CodeInvalid
 		return
 	}
-	l, ok := t.locks[c.Lock]
-	if !ok || l.Holder == nil || l.Holder.ClientID != c.ClientID || l.Holder.Token != c.Token || !sameOwner(l.Holder.Owner, c.Owner) {
+	l, h := t.heldBy(c)
+	if h == nil {
 		r.Code = CodeNotHolder
 		return
 	}
-	h := l.Holder
 	if c.TTLms > 0 {
 		h.TTLms = c.TTLms
 	}
 	h.ExpiresAt = expiry(c.Now, h.TTLms)
-	r.Token, r.ExpiresAt = h.Token, h.ExpiresAt
+	t.touch(l)
+	r.Token, r.ExpiresAt, r.Mode = h.Token, h.ExpiresAt, h.Mode
 	r.Events = append(r.Events, Event{Kind: EvRenewed, Lock: l.Name, ClientID: h.ClientID,
-		SessionID: h.SessionID, Token: h.Token, TTLms: h.TTLms, ExpiresAt: h.ExpiresAt})
+		SessionID: h.SessionID, Token: h.Token, TTLms: h.TTLms, ExpiresAt: h.ExpiresAt, Mode: h.Mode})
 }
 
-// expireLock releases a lock whose TTL ran out. The timer that proposed it
+func (t *Table) setValue(c Command, r *Result) {
+	if len(c.Value) > MaxValueBytes {
+		r.Code = CodeInvalid
+		return
+	}
+	l, h := t.heldBy(c)
+	if h == nil {
+		r.Code = CodeNotHolder
+		return
+	}
+	h.Value = c.Value
+	t.touch(l)
+	r.Token, r.ExpiresAt, r.Mode = h.Token, h.ExpiresAt, h.Mode
+	r.Events = append(r.Events, Event{Kind: EvValueSet, Lock: l.Name, ClientID: h.ClientID,
+		SessionID: h.SessionID, Token: h.Token, Value: h.Value, Mode: h.Mode})
+}
+
+// expireLock ends a grant whose TTL ran out. The timer that proposed it
 // may be late, duplicated or from a deposed leader: the command only acts if
 // the same grant still holds and its replicated expiry has passed.
 func (t *Table) expireLock(c Command, r *Result) {
 	l, ok := t.locks[c.Lock]
-	if !ok || l.Holder == nil || l.Holder.Token != c.Token || l.Holder.ExpiresAt == 0 || l.Holder.ExpiresAt > c.Now {
+	if !ok {
 		return
 	}
-	h := t.unhold(l)
-	r.Token = h.Token
-	r.Events = append(r.Events, Event{Kind: EvLost, Lock: l.Name, ClientID: h.ClientID,
-		SessionID: h.SessionID, Token: h.Token, Reason: ReasonExpired})
-	t.handOff(l, c.Now, &r.Events)
+	for i, h := range l.Holders {
+		if h.Token != c.Token {
+			continue
+		}
+		if h.ExpiresAt == 0 || h.ExpiresAt > c.Now {
+			return
+		}
+		t.endGrant(l, i, ReasonExpired, c.Now, &r.Events)
+		r.Token = h.Token
+		t.advance(c.Now, &r.Events, l.Name)
+		return
+	}
+}
+
+// revoke ends every grant of a lock, or the one with c.Token.
+func (t *Table) revoke(c Command, r *Result) {
+	r.Tokens = []uint64{}
+	l, ok := t.locks[c.Lock]
+	if !ok || len(l.Holders) == 0 {
+		if c.Token != 0 {
+			r.Code = CodeNotHolder
+		}
+		return
+	}
+	if c.Token != 0 {
+		i := -1
+		for j, h := range l.Holders {
+			if h.Token == c.Token {
+				i = j
+			}
+		}
+		if i < 0 {
+			r.Code = CodeNotHolder
+			return
+		}
+		r.Tokens = append(r.Tokens, t.endGrant(l, i, ReasonRevoked, c.Now, &r.Events).Token)
+	} else {
+		for len(l.Holders) > 0 {
+			r.Tokens = append(r.Tokens, t.endGrant(l, 0, ReasonRevoked, c.Now, &r.Events).Token)
+		}
+	}
+	t.advance(c.Now, &r.Events, l.Name)
+}
+
+// endDelay ends a lock-delay whose time has come and grants what its queue
+// allows. Like every timer command it re-checks: a delay pushed further by
+// a later loss is not ended early.
+func (t *Table) endDelay(c Command, r *Result) {
+	l, ok := t.locks[c.Lock]
+	if !ok || l.DelayedUntil == 0 || l.DelayedUntil > c.Now {
+		return
+	}
+	l.DelayedUntil = 0
+	t.touch(l)
+	r.Events = append(r.Events, Event{Kind: EvDelayEnded, Lock: l.Name})
+	t.advance(c.Now, &r.Events, l.Name)
 }
 
 func (t *Table) timeoutWaiter(c Command, r *Result) {
@@ -406,20 +615,12 @@ func (t *Table) timeoutWaiter(c Command, r *Result) {
 	if !ok {
 		return
 	}
-	for i, w := range l.Waiters {
-		if w.ClientID != c.ClientID {
-			continue
-		}
-		if w.Deadline > c.Now {
-			return // the wait was extended by a retry
-		}
-		l.Waiters = append(l.Waiters[:i:i], l.Waiters[i+1:]...)
-		t.unwait(l.Name, w)
-		r.Events = append(r.Events, Event{Kind: EvWaitEnded, Lock: l.Name, ClientID: w.ClientID,
-			SessionID: w.SessionID, Deadline: w.Deadline, Reason: ReasonWaitTimeout})
-		break
+	i := l.waiterOf(c.ClientID)
+	if i < 0 || l.Waiters[i].Deadline > c.Now {
+		return // gone already, or the wait was extended by a retry
 	}
-	t.handOff(l, c.Now, &r.Events)
+	others := t.dropWait(l, i, ReasonWaitTimeout, &r.Events)
+	t.advance(c.Now, &r.Events, append([]string{l.Name}, others...)...)
 }
 
 func (t *Table) createSession(c Command, r *Result) {
@@ -440,9 +641,10 @@ func (t *Table) createSession(c Command, r *Result) {
 		ClientID: c.ClientID, TTLms: c.TTLms})
 }
 
-// endSession releases every lock the session holds (handing each to its next
-// waiter in this same step) and drops its waits. Locks are visited in name
-// order so every member issues the same tokens.
+// endSession ends every grant of the session (an expiry applies their
+// lock-delays; a delete is an explicit release and applies none), drops its
+// waits, and hands each lock on in this same step. Locks are visited in
+// name order so every member issues the same tokens.
 func (t *Table) endSession(c Command, r *Result, reason string) {
 	s, ok := t.sessions[c.SessionID]
 	if !ok {
@@ -466,24 +668,29 @@ func (t *Table) endSession(c Command, r *Result, reason string) {
 		if !ok {
 			continue
 		}
-		if h := l.Holder; h != nil && h.SessionID == s.ID {
-			l.Holder = nil
-			t.chargeLock(h.SessionID, h.Owner, -1)
-			r.Events = append(r.Events, Event{Kind: EvLost, Lock: name, ClientID: h.ClientID,
-				SessionID: s.ID, Token: h.Token, Reason: ReasonSessionExpired})
-		}
-		kept := l.Waiters[:0]
-		for _, w := range l.Waiters {
-			if w.SessionID == s.ID {
-				t.chargeLock(w.SessionID, w.Owner, -1)
-				r.Events = append(r.Events, Event{Kind: EvWaitEnded, Lock: name, ClientID: w.ClientID,
-					SessionID: s.ID, Deadline: w.Deadline, Reason: ReasonSessionExpired})
+		for i := 0; i < len(l.Holders); {
+			h := l.Holders[i]
+			if h.SessionID != s.ID {
+				i++
 				continue
 			}
-			kept = append(kept, w)
+			if reason == ReasonDeleted {
+				t.unhold(l, i)
+				r.Events = append(r.Events, Event{Kind: EvLost, Lock: name, ClientID: h.ClientID,
+					SessionID: s.ID, Token: h.Token, Reason: ReasonSessionExpired, Mode: h.Mode})
+			} else {
+				t.endGrant(l, i, ReasonSessionExpired, c.Now, &r.Events)
+			}
 		}
-		l.Waiters = kept
-		t.handOff(l, c.Now, &r.Events)
+		work := []string{name}
+		for i := 0; i < len(l.Waiters); {
+			if l.Waiters[i].SessionID != s.ID {
+				i++
+				continue
+			}
+			work = append(work, t.dropWait(l, i, ReasonSessionExpired, &r.Events)...)
+		}
+		t.advance(c.Now, &r.Events, work...)
 	}
 	r.Events = append(r.Events, Event{Kind: EvSessionEnded, SessionID: s.ID, ClientID: s.ClientID, Reason: reason})
 }
@@ -495,9 +702,10 @@ func (t *Table) endSession(c Command, r *Result, reason string) {
 // recorded) is anybody's, as it was.
 func sameOwner(recorded, caller string) bool { return recorded == "" || recorded == caller }
 
+// holderOf names the holder with the lowest token, "" for none.
 func holderOf(l *Lock) string {
-	if l.Holder == nil {
-		return ""
+	if h := l.first(); h != nil {
+		return h.ClientID
 	}
-	return l.Holder.ClientID
+	return ""
 }

@@ -706,7 +706,7 @@ func TestReadAPI(t *testing.T) {
 	if _, ok := h.tb.Session("nope"); ok {
 		t.Error("Session(nope) exists")
 	}
-	if got, want := h.tb.Stats(), (lt.Stats{Locks: 3, Held: 3, Waiters: 2, Sessions: 2, LastToken: 3}); got != want {
+	if got, want := h.tb.Stats(), (lt.Stats{Locks: 3, Held: 3, Holders: 3, Waiters: 2, Sessions: 2, LastToken: 3}); got != want {
 		t.Errorf("Stats %+v, want %+v", got, want)
 	}
 	var held []string

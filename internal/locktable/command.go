@@ -19,6 +19,9 @@ const (
 	OpRemoveMember  Op = 10 // a member left the configuration
 	OpBatch         Op = 11 // several commands in one log entry (group commit)
 	OpCheckpoint    Op = 12 // log verifier checkpoint: changes nothing, sets nothing in motion
+	OpRevoke        Op = 13 // an operator ends a lock's grants (all, or the one with Token)
+	OpEndDelay      Op = 14 // leader timer: a lock-delay ran out (re-checked here)
+	OpSetValue      Op = 15 // a holder sets its grant's value
 )
 
 var opNames = map[Op]string{
@@ -27,7 +30,11 @@ var opNames = map[Op]string{
 	OpCreateSession: "create_session", OpDeleteSession: "delete_session",
 	OpExpireSession: "expire_session", OpSetMember: "set_member",
 	OpRemoveMember: "remove_member", OpBatch: "batch", OpCheckpoint: "checkpoint",
+	OpRevoke: "revoke", OpEndDelay: "end_delay", OpSetValue: "set_value",
 }
+
+// firstV2Op is the first op a version-1 decoder does not know.
+const firstV2Op = OpRevoke
 
 func (o Op) String() string {
 	if s, ok := opNames[o]; ok {
@@ -63,11 +70,28 @@ type Command struct {
 	// create session), stamped by the leader from its configuration as it
 	// stamps Now: Apply never reads configuration either.
 	Quotas Quotas
+
+	// Lock kinds (acquire). Mode is the grant's mode; Limit the semaphore
+	// size the acquire asks for (0: none given, join what the lock has);
+	// DelayMs the lock-delay of the grant; Value its value (also
+	// OpSetValue); Locks the names of a multi-acquire, in name order and
+	// distinct (Lock is then empty).
+	Mode    Mode
+	Limit   int64
+	DelayMs int64
+	Value   string
+	Locks   []string
 }
 
 // commandVersion is the first byte of every encoded command. A member that
 // sees a higher version refuses to apply it rather than guess.
-const commandVersion = 1
+//
+// Version 2 adds the lock kinds (mode, limit, lock-delay, value, multi-lock
+// names) and the ops from OpRevoke on. A command that uses none of them is
+// still written as version 1, so a member not yet upgraded follows the log
+// until the first command it could not apply alike — which halts it (see
+// FromNewerVersion) instead of letting it skip an entry the others apply.
+const commandVersion = 2
 
 // field bits of the presence mask.
 const (
@@ -83,8 +107,19 @@ const (
 	fBatch
 	fOwner
 	fQuotas
-	fLast = fQuotas
+	fMode
+	fLimit
+	fDelay
+	fValue
+	fLocks
+	fLast = fLocks
+	// fV1 are the fields a version-1 command may carry.
+	fV1 = fQuotas<<1 - 1
 )
+
+// maxLocks bounds the names of one multi-acquire in the log format (the API
+// allows MaxMultiLocks).
+const maxLocks = 1024
 
 // maxBatch bounds the number of commands in one batch entry.
 const maxBatch = 4096
@@ -92,51 +127,49 @@ const maxBatch = 4096
 // Encode returns the compact binary form of c, as stored in the Raft log.
 func (c *Command) Encode() []byte {
 	w := &writer{b: make([]byte, 0, 32+len(c.Lock)+len(c.ClientID)+len(c.SessionID))}
-	w.byte(commandVersion)
+	w.byte(c.version())
 	c.encode(w)
 	return w.b
+}
+
+// version is the oldest command version that can carry c.
+func (c *Command) version() byte {
+	if c.Op >= firstV2Op || c.mask()&^fV1 != 0 {
+		return 2
+	}
+	for i := range c.Batch {
+		if c.Batch[i].version() == 2 {
+			return 2
+		}
+	}
+	return 1
+}
+
+// mask is the presence mask of c's fields.
+func (c *Command) mask() uint64 {
+	var mask uint64
+	for _, f := range [...]struct {
+		bit uint64
+		set bool
+	}{
+		{fLock, c.Lock != ""}, {fClient, c.ClientID != ""}, {fSession, c.SessionID != ""},
+		{fToken, c.Token != 0}, {fTTL, c.TTLms != 0}, {fWait, c.WaitMs != 0},
+		{fMemberID, c.MemberID != ""}, {fRaftAddr, c.RaftAddr != ""}, {fHTTPAddr, c.HTTPAddr != ""},
+		{fBatch, len(c.Batch) > 0}, {fOwner, c.Owner != ""}, {fQuotas, c.Quotas != (Quotas{})},
+		{fMode, c.Mode != 0}, {fLimit, c.Limit != 0}, {fDelay, c.DelayMs != 0},
+		{fValue, c.Value != ""}, {fLocks, len(c.Locks) > 0},
+	} {
+		if f.set {
+			mask |= f.bit
+		}
+	}
+	return mask
 }
 
 func (c *Command) encode(w *writer) {
 	w.byte(byte(c.Op))
 	w.varint(c.Now)
-	var mask uint64
-	if c.Lock != "" {
-		mask |= fLock
-	}
-	if c.ClientID != "" {
-		mask |= fClient
-	}
-	if c.SessionID != "" {
-		mask |= fSession
-	}
-	if c.Token != 0 {
-		mask |= fToken
-	}
-	if c.TTLms != 0 {
-		mask |= fTTL
-	}
-	if c.WaitMs != 0 {
-		mask |= fWait
-	}
-	if c.MemberID != "" {
-		mask |= fMemberID
-	}
-	if c.RaftAddr != "" {
-		mask |= fRaftAddr
-	}
-	if c.HTTPAddr != "" {
-		mask |= fHTTPAddr
-	}
-	if len(c.Batch) > 0 {
-		mask |= fBatch
-	}
-	if c.Owner != "" {
-		mask |= fOwner
-	}
-	if c.Quotas != (Quotas{}) {
-		mask |= fQuotas
-	}
+	mask := c.mask()
 	w.uvarint(mask)
 	if mask&fLock != 0 {
 		w.string(c.Lock)
@@ -177,16 +210,39 @@ func (c *Command) encode(w *writer) {
 	if mask&fQuotas != 0 {
 		c.Quotas.encode(w)
 	}
+	if mask&fMode != 0 {
+		w.byte(byte(c.Mode))
+	}
+	if mask&fLimit != 0 {
+		w.varint(c.Limit)
+	}
+	if mask&fDelay != 0 {
+		w.varint(c.DelayMs)
+	}
+	if mask&fValue != 0 {
+		w.string(c.Value)
+	}
+	if mask&fLocks != 0 {
+		w.uvarint(uint64(len(c.Locks)))
+		for _, n := range c.Locks {
+			w.string(n)
+		}
+	}
 }
 
 // DecodeCommand parses bytes made by Encode. It bounds every length it reads
 // and rejects trailing bytes, unknown ops and unknown versions.
 func DecodeCommand(b []byte) (Command, error) {
 	r := &reader{b: b}
-	if v := r.byte(); r.err == nil && v != commandVersion {
+	v := r.byte()
+	if r.err == nil && (v < 1 || v > commandVersion) {
 		return Command{}, fmt.Errorf("%w: command version %d", ErrCorrupt, v)
 	}
 	c := decodeCommand(r, true)
+	if r.err == nil && v == 1 && c.version() != 1 {
+		// Canonical: what version 1 can carry is written as version 1.
+		r.fail("version-1 command with version-2 fields")
+	}
 	if r.err == nil && len(r.b) != 0 {
 		r.fail("trailing bytes")
 	}
@@ -254,6 +310,32 @@ func decodeCommand(r *reader, allowBatch bool) Command {
 	}
 	if mask&fQuotas != 0 {
 		c.Quotas = decodeQuotas(r)
+	}
+	if mask&fMode != 0 {
+		c.Mode = Mode(r.byte())
+		if c.Mode > Shared && r.err == nil {
+			r.fail("unknown mode")
+		}
+	}
+	if mask&fLimit != 0 {
+		c.Limit = r.varint()
+	}
+	if mask&fDelay != 0 {
+		c.DelayMs = r.varint()
+	}
+	if mask&fValue != 0 {
+		c.Value = r.string()
+	}
+	if mask&fLocks != 0 {
+		n := r.count(1)
+		if n > maxLocks {
+			r.fail("too many lock names")
+			return c
+		}
+		c.Locks = make([]string, 0, n)
+		for i := 0; i < n && r.err == nil; i++ {
+			c.Locks = append(c.Locks, r.string())
+		}
 	}
 	return c
 }

@@ -30,7 +30,7 @@ func CheckCounters(t *Table) error {
 		}
 	}
 	for _, l := range t.locks {
-		if h := l.Holder; h != nil {
+		for _, h := range l.Holders {
 			charge(h.SessionID, h.Owner)
 		}
 		for _, w := range l.Waiters {

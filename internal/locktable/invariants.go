@@ -34,53 +34,115 @@ func (t *Table) checkInvariants() error {
 		}
 	}
 	tokens := make(map[uint64]string, len(t.locks))
+	multi := map[string][]string{} // "client\x00first lock" -> the locks whose queues hold it
 	for name, l := range t.locks {
 		if err := checkLockName(name); err != nil {
 			return err
 		}
-		if h := l.Holder; h != nil {
-			if err := checkID("holder of "+name, h.ClientID, false); err != nil {
+		if l.Limit < 0 || l.Limit == 1 || l.Limit > MaxLimit {
+			return fmt.Errorf("lock %s: limit %d", name, l.Limit)
+		}
+		if l.DelayedUntil < 0 {
+			return fmt.Errorf("lock %s: delayed until %d", name, l.DelayedUntil)
+		}
+		if len(l.Holders) == 0 && len(l.Waiters) == 0 && l.DelayedUntil == 0 {
+			return fmt.Errorf("lock %s has neither holders, waiters nor a lock-delay", name)
+		}
+		if len(l.Holders) == 0 && len(l.Waiters) > 0 && l.DelayedUntil == 0 && l.Waiters[0].Locks == nil {
+			return fmt.Errorf("lock %s is free with %d waiters", name, len(l.Waiters))
+		}
+		clients := make(map[string]bool, len(l.Holders)+len(l.Waiters))
+		var prev uint64
+		for _, h := range l.Holders {
+			if err := t.checkHolder(name, l, h, prev); err != nil {
 				return err
 			}
-			if h.Token == 0 || h.Token > t.lastToken {
-				return fmt.Errorf("lock %s: holder token %d outside 1..%d", name, h.Token, t.lastToken)
-			}
+			prev = h.Token
 			if other, dup := tokens[h.Token]; dup {
 				return fmt.Errorf("token %d held on both %s and %s", h.Token, other, name)
 			}
 			tokens[h.Token] = name
-			if err := t.checkSession(name, h.SessionID); err != nil {
-				return err
+			if clients[h.ClientID] {
+				return fmt.Errorf("lock %s: client %q holds it twice", name, h.ClientID)
 			}
-			if h.TTLms < 0 || h.TTLms > maxTTLms || (h.TTLms == 0) != (h.ExpiresAt == 0) {
-				return fmt.Errorf("lock %s: TTL %d ms with expiry %d", name, h.TTLms, h.ExpiresAt)
-			}
-			if h.TTLms == 0 && h.SessionID == "" {
-				return fmt.Errorf("lock %s: held with neither a TTL nor a session, it would never be freed", name)
-			}
-		} else if len(l.Waiters) > 0 {
-			return fmt.Errorf("lock %s is free with %d waiters", name, len(l.Waiters))
-		} else {
-			return fmt.Errorf("lock %s has neither holder nor waiters", name)
+			clients[h.ClientID] = true
 		}
-		seen := make(map[string]bool, len(l.Waiters))
+		if n := int64(len(l.Holders)); n > 1 && l.Holders[0].Mode == Exclusive && n > l.limit() {
+			return fmt.Errorf("lock %s: %d exclusive holders, limit %d", name, n, l.limit())
+		}
 		for _, w := range l.Waiters {
 			if err := checkID("waiter of "+name, w.ClientID, false); err != nil {
 				return err
 			}
-			if seen[w.ClientID] || w.ClientID == l.Holder.ClientID {
+			if clients[w.ClientID] {
 				return fmt.Errorf("lock %s: client %q is in its queue twice or waits for its own lock", name, w.ClientID)
 			}
-			seen[w.ClientID] = true
+			clients[w.ClientID] = true
 			if err := t.checkSession(name, w.SessionID); err != nil {
 				return err
 			}
 			if w.TTLms < 0 || w.TTLms > maxTTLms || (w.TTLms == 0 && w.SessionID == "") {
 				return fmt.Errorf("lock %s: waiter %q with TTL %d ms and no session", name, w.ClientID, w.TTLms)
 			}
+			if err := checkKinds(name, w.Mode, w.DelayMs, w.Value); err != nil {
+				return err
+			}
+			if w.Locks != nil {
+				if !validLockSet(w.Locks) || !contains(w.Locks, name) || l.limit() > 1 {
+					return fmt.Errorf("lock %s: multi-lock waiter %q names locks %q", name, w.ClientID, w.Locks)
+				}
+				k := w.ClientID + "\x00" + w.Locks[0]
+				multi[k] = append(multi[k], name)
+			}
+		}
+	}
+	// Every multi-lock waiter sits in the queue of each of its locks.
+	for _, l := range t.locks {
+		for _, w := range l.Waiters {
+			if w.Locks != nil && len(multi[w.ClientID+"\x00"+w.Locks[0]]) != len(w.Locks) {
+				return fmt.Errorf("multi-lock waiter %q is missing from some of the queues of %q", w.ClientID, w.Locks)
+			}
 		}
 	}
 	return nil
+}
+
+func (t *Table) checkHolder(name string, l *Lock, h *Holder, prev uint64) error {
+	if err := checkID("holder of "+name, h.ClientID, false); err != nil {
+		return err
+	}
+	if h.Token == 0 || h.Token > t.lastToken || h.Token <= prev {
+		return fmt.Errorf("lock %s: holder token %d outside %d..%d", name, h.Token, prev+1, t.lastToken)
+	}
+	if err := t.checkSession(name, h.SessionID); err != nil {
+		return err
+	}
+	if h.TTLms < 0 || h.TTLms > maxTTLms || (h.TTLms == 0) != (h.ExpiresAt == 0) {
+		return fmt.Errorf("lock %s: TTL %d ms with expiry %d", name, h.TTLms, h.ExpiresAt)
+	}
+	if h.TTLms == 0 && h.SessionID == "" {
+		return fmt.Errorf("lock %s: held with neither a TTL nor a session, it would never be freed", name)
+	}
+	if h.Mode != l.Holders[0].Mode || (h.Mode == Shared && l.limit() > 1) {
+		return fmt.Errorf("lock %s: holders of mixed modes, or shared holders of a semaphore", name)
+	}
+	return checkKinds(name, h.Mode, h.DelayMs, h.Value)
+}
+
+func checkKinds(name string, m Mode, delay int64, value string) error {
+	if m > Shared || delay < 0 || delay > MaxLockDelayMs || len(value) > MaxValueBytes || !utf8.ValidString(value) {
+		return fmt.Errorf("lock %s: mode %d, lock-delay %d ms or a value of %d bytes out of bounds", name, m, delay, len(value))
+	}
+	return nil
+}
+
+func contains(names []string, n string) bool {
+	for _, x := range names {
+		if x == n {
+			return true
+		}
+	}
+	return false
 }
 
 func (t *Table) checkSession(lock, id string) error {

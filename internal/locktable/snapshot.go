@@ -13,9 +13,14 @@ import (
 // session, holder and waiter. Format 1 has none: its sessions, holders and
 // waiters restore with the owner "" (the identity of a cluster without
 // auth).
+//
+// Format 3 adds the lock kinds: the applied index after the token counter;
+// per lock its limit, lock-delay end and last-change index, then a count of
+// holders (format 2: a 0/1 byte) and, for each holder and waiter, its mode,
+// lock-delay and value, and for each waiter its multi-lock names.
 const (
 	snapshotMagic   = "LOCKDSNP"
-	snapshotVersion = 2
+	snapshotVersion = 3
 )
 
 // Snapshot encodes the whole table. The encoding is canonical (maps are
@@ -25,6 +30,7 @@ func (t *Table) Snapshot() []byte {
 	w.b = append(w.b, snapshotMagic...)
 	w.byte(snapshotVersion)
 	w.uvarint(t.lastToken)
+	w.uvarint(t.index)
 
 	w.uvarint(uint64(len(t.sessions)))
 	for _, id := range sortedKeys(t.sessions) {
@@ -40,8 +46,11 @@ func (t *Table) Snapshot() []byte {
 	for _, name := range sortedKeys(t.locks) {
 		l := t.locks[name]
 		w.string(l.Name)
-		if h := l.Holder; h != nil {
-			w.byte(1)
+		w.varint(l.Limit)
+		w.varint(l.DelayedUntil)
+		w.uvarint(l.Index)
+		w.uvarint(uint64(len(l.Holders)))
+		for _, h := range l.Holders {
 			w.string(h.ClientID)
 			w.string(h.SessionID)
 			w.string(h.Owner)
@@ -49,8 +58,9 @@ func (t *Table) Snapshot() []byte {
 			w.varint(h.TTLms)
 			w.varint(h.ExpiresAt)
 			w.varint(h.GrantedAt)
-		} else {
-			w.byte(0)
+			w.byte(byte(h.Mode))
+			w.varint(h.DelayMs)
+			w.string(h.Value)
 		}
 		w.uvarint(uint64(len(l.Waiters)))
 		for _, q := range l.Waiters {
@@ -60,6 +70,13 @@ func (t *Table) Snapshot() []byte {
 			w.varint(q.TTLms)
 			w.varint(q.Deadline)
 			w.varint(q.EnqueuedAt)
+			w.byte(byte(q.Mode))
+			w.varint(q.DelayMs)
+			w.string(q.Value)
+			w.uvarint(uint64(len(q.Locks)))
+			for _, n := range q.Locks {
+				w.string(n)
+			}
 		}
 	}
 
@@ -95,6 +112,9 @@ func Restore(b []byte) (*Table, error) {
 	}
 	t := New()
 	t.lastToken = r.uvarint()
+	if v >= 3 {
+		t.index = r.uvarint()
+	}
 	ids := map[string]string{} // client, session and owner ids, shared (internString)
 	// owner reads an owner identity; format 1 has none.
 	owner := func() string {
@@ -124,23 +144,43 @@ func Restore(b []byte) (*Table, error) {
 	n = r.count(3)
 	t.locks = make(map[string]*Lock, n)
 	for i := 0; i < n && r.err == nil; i++ {
-		// A lock and its holder in one allocation: restoring a million
-		// held locks is dominated by allocation and GC.
+		// A lock, its holder and the one-element holder list in one
+		// allocation: restoring a million held locks is dominated by
+		// allocation and GC.
 		lh := &struct {
-			l Lock
-			h Holder
+			l  Lock
+			h  Holder
+			hs [1]*Holder
 		}{}
 		l := &lh.l
 		l.Name = r.string()
-		if r.byte() == 1 {
+		hn := 0
+		if v >= 3 {
+			l.Limit, l.DelayedUntil, l.Index = r.varint(), r.varint(), r.uvarint()
+			hn = r.count(6)
+		} else if r.byte() == 1 {
+			hn = 1
+		}
+		if hn == 1 {
+			l.Holders = lh.hs[:0]
+		} else if hn > 1 {
+			l.Holders = make([]*Holder, 0, hn)
+		}
+		for j := 0; j < hn && r.err == nil; j++ {
 			h := &lh.h
+			if j > 0 {
+				h = &Holder{}
+			}
 			*h = Holder{ClientID: r.internString(ids), SessionID: r.internString(ids)}
 			h.Owner, h.Token = owner(), r.uvarint()
 			h.TTLms, h.ExpiresAt, h.GrantedAt = r.varint(), r.varint(), r.varint()
+			if v >= 3 {
+				h.Mode, h.DelayMs, h.Value = Mode(r.byte()), r.varint(), r.string()
+			}
 			if h.Token > t.lastToken {
 				r.fail("holder token above counter")
 			}
-			l.Holder = h
+			l.Holders = append(l.Holders, h)
 			if s, ok := t.sessions[h.SessionID]; ok {
 				s.index(&s.holds)[l.Name] = struct{}{}
 			}
@@ -153,6 +193,19 @@ func Restore(b []byte) (*Table, error) {
 		for j := 0; j < wn && r.err == nil; j++ {
 			q := Waiter{ClientID: r.internString(ids), SessionID: r.internString(ids)}
 			q.Owner, q.TTLms, q.Deadline, q.EnqueuedAt = owner(), r.varint(), r.varint(), r.varint()
+			if v >= 3 {
+				q.Mode, q.DelayMs, q.Value = Mode(r.byte()), r.varint(), r.string()
+				if n := r.count(1); n > 0 {
+					if n > MaxMultiLocks {
+						r.fail("multi-lock waiter with too many locks")
+						break
+					}
+					q.Locks = make([]string, 0, n)
+					for k := 0; k < n && r.err == nil; k++ {
+						q.Locks = append(q.Locks, r.internString(ids))
+					}
+				}
+			}
 			if s, ok := t.sessions[q.SessionID]; ok {
 				s.index(&s.waits)[l.Name] = struct{}{}
 			}

@@ -301,7 +301,7 @@ func TestRestoreRejects(t *testing.T) {
 		{"bad magic", append([]byte("LOCKDSNQ"), good[8:]...)},
 		{"magic only", []byte("LOCKDSNP")},
 		{"version 0", append(append([]byte("LOCKDSNP"), 0), good[9:]...)},
-		{"newer version", append(append([]byte("LOCKDSNP"), 3), good[9:]...)},
+		{"newer version", append(append([]byte("LOCKDSNP"), 4), good[9:]...)},
 		{"trailing zero", append(append([]byte(nil), good...), 0)},
 		{"two snapshots", append(append([]byte(nil), good...), good...)},
 		{"string over 64 KiB", bigString.b},
@@ -338,14 +338,26 @@ func TestRestoreRejects(t *testing.T) {
 	t.Run("the hand-made writer matches the format", func(t *testing.T) {
 		// Guards the cases above (format 1, which Restore still reads):
 		// the same writer with good parts restores, and in the current
-		// format (2: an owner after the client and session ids) it
-		// restores to the same bytes.
-		for _, version := range []byte{1, 2} {
+		// format (3: an owner after the client and session ids, the
+		// applied index, per lock its kind fields and a holder count, per
+		// holder its mode, lock-delay and value) it restores to the same
+		// bytes.
+		for _, version := range []byte{1, 2, 3} {
 			w := newSnapWriter(version, 5)
+			if version >= 3 {
+				w.uvarint(7) // applied index
+			}
 			w.uvarint(0)
 			w.uvarint(1)
 			w.str("a")
-			w.byte(1)
+			if version >= 3 {
+				w.varint(0)  // limit
+				w.varint(0)  // delayed until
+				w.uvarint(7) // index
+				w.uvarint(1) // holders
+			} else {
+				w.byte(1)
+			}
 			w.strs("c", "")
 			if version >= 2 {
 				w.str("owner")
@@ -354,6 +366,11 @@ func TestRestoreRejects(t *testing.T) {
 			w.varint(1000)
 			w.varint(t0)
 			w.varint(t0)
+			if version >= 3 {
+				w.byte(0)   // mode
+				w.varint(0) // lock-delay
+				w.str("")   // value
+			}
 			w.uvarint(0)
 			w.uvarint(0)
 			w.uvarint(0)
@@ -364,8 +381,8 @@ func TestRestoreRejects(t *testing.T) {
 			if got := tb.Get("a"); got.Token != 5 || got.ClientID != "c" {
 				t.Fatalf("format %d: restored %+v", version, got)
 			}
-			if version == 2 && !bytes.Equal(tb.Snapshot(), w.b) {
-				t.Fatalf("format 2 does not snapshot to the same bytes")
+			if version == 3 && !bytes.Equal(tb.Snapshot(), w.b) {
+				t.Fatalf("format 3 does not snapshot to the same bytes")
 			}
 		}
 	})

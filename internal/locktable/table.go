@@ -13,7 +13,33 @@ import (
 	"sort"
 )
 
-// Holder is the current owner of a lock.
+// Mode is how a grant holds its lock.
+type Mode uint8
+
+// The modes. Values are part of the log and snapshot formats.
+const (
+	Exclusive Mode = 0 // alone, or as one permit of a semaphore
+	Shared    Mode = 1 // with other shared holders, never with an exclusive one
+)
+
+func (m Mode) String() string {
+	if m == Shared {
+		return "shared"
+	}
+	return "exclusive"
+}
+
+// Limits of the lock kinds (SPEC "Lock kinds").
+const (
+	MaxLimit       = 10_000 // semaphore permits
+	MaxLockDelayMs = 60_000
+	MaxValueBytes  = 4096
+	MinMultiLocks  = 2
+	MaxMultiLocks  = 64
+)
+
+// Holder is one grant of a lock: the only one of an exclusive lock, one of
+// several shared holders, or one permit of a semaphore.
 type Holder struct {
 	ClientID  string
 	SessionID string // "" for a lock held by TTL alone
@@ -22,9 +48,13 @@ type Holder struct {
 	TTLms     int64 // 0: no TTL of its own (held through its session)
 	ExpiresAt int64 // unix ms; 0 when TTLms is 0
 	GrantedAt int64
+	Mode      Mode
+	DelayMs   int64  // lock-delay applied when this grant ends without a release
+	Value     string // the holder's value (elections: the leader's address)
 }
 
-// Waiter is a queued acquire.
+// Waiter is a queued acquire. A multi-acquire waits in the queue of each of
+// its locks at once: every copy carries the same Locks.
 type Waiter struct {
 	ClientID   string
 	SessionID  string
@@ -32,13 +62,70 @@ type Waiter struct {
 	TTLms      int64  // TTL the grant will carry
 	Deadline   int64  // unix ms after which it must never be granted
 	EnqueuedAt int64
+	Mode       Mode
+	DelayMs    int64
+	Value      string
+	Locks      []string // a multi-acquire's locks in name order; nil for one lock
 }
 
-// Lock is one named lock. It exists in the table while held or waited on.
+// Lock is one named lock. It exists in the table while held, waited on or
+// delayed.
 type Lock struct {
 	Name    string
-	Holder  *Holder
+	Holders []*Holder // in token order
 	Waiters []Waiter
+	// Limit is the number of exclusive holders the lock admits (a
+	// semaphore's permits); 0 and 1 both mean an ordinary lock.
+	Limit int64
+	// DelayedUntil is when a lock-delay ends (unix ms; 0: none): until the
+	// leader proposes its end, the lock is granted to no one.
+	DelayedUntil int64
+	// Index is the log index of the last committed change to the lock.
+	Index uint64
+}
+
+// limit is the number of exclusive holders l admits.
+func (l *Lock) limit() int64 { return max(1, l.Limit) }
+
+// first is the holder with the lowest token, or nil.
+func (l *Lock) first() *Holder {
+	if len(l.Holders) == 0 {
+		return nil
+	}
+	return l.Holders[0]
+}
+
+// holderOf returns the position of client's grant, or -1.
+func (l *Lock) holderOf(client string) int {
+	for i, h := range l.Holders {
+		if h.ClientID == client {
+			return i
+		}
+	}
+	return -1
+}
+
+// waiterOf returns the position of client's wait, or -1.
+func (l *Lock) waiterOf(client string) int {
+	for i := range l.Waiters {
+		if l.Waiters[i].ClientID == client {
+			return i
+		}
+	}
+	return -1
+}
+
+// canHold reports whether one more holder of mode m fits beside the
+// current holders: shared holders only with shared ones on an ordinary
+// lock; exclusive holders up to the limit, never beside a shared one.
+func (l *Lock) canHold(m Mode) bool {
+	if len(l.Holders) == 0 {
+		return true
+	}
+	if m == Shared {
+		return l.limit() == 1 && l.Holders[0].Mode == Shared
+	}
+	return l.Holders[0].Mode == Exclusive && int64(len(l.Holders)) < l.limit()
 }
 
 // Session is a client session kept alive by keepalives to the leader.
@@ -84,6 +171,7 @@ type Table struct {
 	memo      []releaseMemo // ring, oldest at memoHead once full
 	memoHead  int
 	memoIdx   map[memoKey]string // (lock, token) -> client id
+	index     uint64             // log index of the command being applied; never encoded
 	usage     map[string]*usage  // per owner identity; derived, never encoded
 	names     nameIndex          // lock names in order, for lists; derived, never encoded
 }
@@ -109,33 +197,52 @@ func (t *Table) LastToken() uint64 { return t.lastToken }
 
 // LockInfo is a read-only copy of one lock's state.
 type LockInfo struct {
-	Name      string
-	Held      bool
+	Name string
+	Held bool
+	// The holder with the lowest token (the only one of an exclusive lock).
 	ClientID  string
 	SessionID string
 	Token     uint64
 	TTLms     int64
 	ExpiresAt int64
-	Waiters   int
+	Value     string
+	Mode      Mode // the holders' mode; meaningless when !Held
+
+	Holders      []Holder // every grant, in token order
+	Waiters      int
+	Limit        int64 // 1 for an ordinary lock
+	DelayedUntil int64 // unix ms; 0: no lock-delay running
+	Index        uint64
 }
 
 func (l *Lock) info() LockInfo {
-	li := LockInfo{Name: l.Name, Waiters: len(l.Waiters)}
-	if h := l.Holder; h != nil {
+	li := LockInfo{Name: l.Name, Waiters: len(l.Waiters), Limit: l.limit(),
+		DelayedUntil: l.DelayedUntil, Index: l.Index}
+	if h := l.first(); h != nil {
 		li.Held, li.ClientID, li.SessionID = true, h.ClientID, h.SessionID
 		li.Token, li.TTLms, li.ExpiresAt = h.Token, h.TTLms, h.ExpiresAt
+		li.Value, li.Mode = h.Value, h.Mode
+		li.Holders = make([]Holder, len(l.Holders))
+		for i, h := range l.Holders {
+			li.Holders[i] = *h
+		}
 	}
 	return li
 }
 
-// Get returns the state of one lock; a lock nobody holds or waits on is
-// reported free.
+// Get returns the state of one lock; a lock nobody holds, waits on or
+// delays is reported free, at the last applied index (any index at or above
+// its last change will do).
 func (t *Table) Get(name string) LockInfo {
 	if l, ok := t.locks[name]; ok {
 		return l.info()
 	}
-	return LockInfo{Name: name}
+	return LockInfo{Name: name, Limit: 1, Index: t.index}
 }
+
+// AppliedIndex is the log index of the last command applied (0 before the
+// first, or when the caller never passed indexes).
+func (t *Table) AppliedIndex() uint64 { return t.index }
 
 // List returns every lock whose name starts with prefix, sorted by name.
 func (t *Table) List(prefix string, limit int) []LockInfo {
@@ -194,7 +301,7 @@ func (t *Table) PrepareRestore(current *Table, minToken uint64) {
 
 // Stats counts what the table holds, for metrics.
 type Stats struct {
-	Locks, Held, Waiters, Sessions int
+	Locks, Held, Holders, Waiters, Sessions int
 	LastToken                      uint64
 }
 
@@ -205,21 +312,31 @@ func (t *Table) Size() (locks, sessions int) { return len(t.locks), len(t.sessio
 func (t *Table) Stats() Stats {
 	s := Stats{Locks: len(t.locks), Sessions: len(t.sessions), LastToken: t.lastToken}
 	for _, l := range t.locks {
-		if l.Holder != nil {
+		if len(l.Holders) > 0 {
 			s.Held++
 		}
+		s.Holders += len(l.Holders)
 		s.Waiters += len(l.Waiters)
 	}
 	return s
 }
 
-// ForEachHeld calls fn for every held lock, in no particular order (no
-// sort: a new leader rebuilds its timers from it while Apply waits). Never
-// use it where order reaches the replicated state.
-func (t *Table) ForEachHeld(fn func(LockInfo)) {
-	for _, l := range t.locks {
-		if l.Holder != nil {
-			fn(l.info())
+// ForEachHolder calls fn for every grant of every lock, in no particular
+// order (no sort: a new leader rebuilds its timers from it while Apply
+// waits). Never use it where order reaches the replicated state.
+func (t *Table) ForEachHolder(fn func(lock string, h Holder)) {
+	for name, l := range t.locks {
+		for _, h := range l.Holders {
+			fn(name, *h)
+		}
+	}
+}
+
+// ForEachDelayed calls fn for every lock with a lock-delay running.
+func (t *Table) ForEachDelayed(fn func(lock string, until int64)) {
+	for name, l := range t.locks {
+		if l.DelayedUntil != 0 {
+			fn(name, l.DelayedUntil)
 		}
 	}
 }

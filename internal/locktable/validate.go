@@ -31,11 +31,22 @@ func (c *Command) validate(top bool) error {
 	}{
 		{"lock", c.Lock}, {"client_id", c.ClientID}, {"session_id", c.SessionID},
 		{"member_id", c.MemberID}, {"raft_addr", c.RaftAddr}, {"http_addr", c.HTTPAddr},
-		{"owner", c.Owner},
+		{"owner", c.Owner}, {"value", c.Value},
 	} {
 		if len(f.v) > maxString {
 			return fmt.Errorf("%w: %s of %s is %d bytes, the log format's limit is %d",
 				ErrInvalidCommand, f.name, c.Op, len(f.v), maxString)
+		}
+	}
+	if c.Mode > Shared {
+		return fmt.Errorf("%w: unknown mode %d", ErrInvalidCommand, c.Mode)
+	}
+	if len(c.Locks) > maxLocks {
+		return fmt.Errorf("%w: %d lock names, the log format's limit is %d", ErrInvalidCommand, len(c.Locks), maxLocks)
+	}
+	for _, n := range c.Locks {
+		if len(n) > maxString {
+			return fmt.Errorf("%w: a lock name of %d bytes, the log format's limit is %d", ErrInvalidCommand, len(n), maxString)
 		}
 	}
 	if len(c.Batch) == 0 {
