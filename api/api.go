@@ -23,6 +23,10 @@ const (
 	CodeInternal         = "internal"
 	CodeStaleToken       = "stale_token" // fencestore
 	CodeMethodNotAllowed = "method_not_allowed"
+	// CodeLimitMismatch (409): an acquire names another semaphore size
+	// than the lock has while it has holders or waiters (or asks for a
+	// shared grant of a semaphore, or names a semaphore in a multi-acquire).
+	CodeLimitMismatch = "limit_mismatch"
 )
 
 // CodeResourceExhausted (429): a quota is used up; the message names the
@@ -41,7 +45,7 @@ func Status(code string) int {
 		return 400
 	case CodeNotFound, CodeSessionExpired:
 		return 404
-	case CodeLockHeld, CodeWaitTimeout, CodeNotHolder, CodeStaleToken:
+	case CodeLockHeld, CodeWaitTimeout, CodeNotHolder, CodeStaleToken, CodeLimitMismatch:
 		return 409
 	case CodeNoLeader, CodeNotLeader:
 		return 503
@@ -122,7 +126,28 @@ type AcquireRequest struct {
 	TTLms         *int64 `json:"ttl_ms,omitempty"`
 	WaitTimeoutMs *int64 `json:"wait_timeout_ms,omitempty"`
 	SessionID     string `json:"session_id,omitempty"`
+	// Lock kinds (SPEC "Lock kinds"): Mode is ModeExclusive (default) or
+	// ModeShared; Limit the semaphore size (1–10 000; absent: join what
+	// the lock has); LockDelayMs the lock-delay (0–60 000); Value the
+	// grant's value (≤ 4096 bytes of UTF-8).
+	Mode        string  `json:"mode,omitempty"`
+	Limit       *int64  `json:"limit,omitempty"`
+	LockDelayMs *int64  `json:"lock_delay_ms,omitempty"`
+	Value       *string `json:"value,omitempty"`
 }
+
+// Modes of a grant, and of a lock's status ("none" when free).
+const (
+	ModeExclusive = "exclusive"
+	ModeShared    = "shared"
+	ModeNone      = "none"
+)
+
+// Limits of the lock kinds.
+const (
+	MaxLimit       = 10_000
+	MaxLockDelayMs = 60_000
+)
 
 // AcquireReply is the 200 reply of acquire (and, with Acquired false and
 // Error set, its 409 reply).
@@ -136,6 +161,20 @@ type AcquireReply struct {
 	Error        *Error `json:"error,omitempty"`
 	// Holder names the current holder in a lock_held reply.
 	Holder string `json:"holder,omitempty"`
+	// Mode is the grant's mode.
+	Mode string `json:"mode,omitempty"`
+	// Grants are a multi-acquire's grants, in name order (Lock then names
+	// the first blocking lock of a refused one).
+	Grants []Grant `json:"grants,omitempty"`
+}
+
+// Grant is one lock of a multi-acquire's grant.
+type Grant struct {
+	Lock         string `json:"lock"`
+	FencingToken uint64 `json:"fencing_token"`
+	ExpiresAt    string `json:"expires_at"`
+	Mode         string `json:"mode"`
+	FencingProof string `json:"fencing_proof,omitempty"`
 }
 
 // ReleaseRequest is the body of POST /api/v1/locks/{name}/release.
@@ -174,6 +213,40 @@ type LockStatus struct {
 	FencingToken uint64 `json:"fencing_token,omitempty"`
 	ExpiresAt    string `json:"expires_at,omitempty"`
 	Waiters      int    `json:"waiters"`
+	// Lock kinds and values: the holders' mode ("none" when free), the
+	// semaphore size, every grant by token, the lowest token's value, the
+	// end of a running lock-delay, and the log index of the lock's last
+	// change.
+	Mode         string         `json:"mode"`
+	Limit        int64          `json:"limit"`
+	Holders      []HolderStatus `json:"holders,omitempty"`
+	Value        string         `json:"value,omitempty"`
+	DelayedUntil string         `json:"delayed_until,omitempty"`
+	Index        uint64         `json:"index"`
+	// Stale is set on a ?stale=true read: the member's own state, which
+	// may lag the leader's.
+	Stale bool `json:"stale,omitempty"`
+}
+
+// HolderStatus is one grant in a lock's status.
+type HolderStatus struct {
+	ClientID     string `json:"client_id"`
+	FencingToken uint64 `json:"fencing_token"`
+	ExpiresAt    string `json:"expires_at,omitempty"`
+	Mode         string `json:"mode"`
+	Value        string `json:"value,omitempty"`
+}
+
+// RevokeReply is the 200 reply of DELETE /api/v1/locks/{name}: the tokens
+// of the grants it ended ([] for a lock with no holder).
+type RevokeReply struct {
+	Revoked []uint64 `json:"revoked"`
+}
+
+// ValueReply is the 200 reply of POST /api/v1/locks/{name}/value.
+type ValueReply struct {
+	Updated      bool   `json:"updated"`
+	FencingToken uint64 `json:"fencing_token"`
 }
 
 // LockList is the reply of GET /api/v1/locks?prefix=p&limit=n&after=name:
@@ -250,6 +323,8 @@ type MultiAcquireRequest struct {
 	TTLms         *int64   `json:"ttl_ms,omitempty"`
 	WaitTimeoutMs *int64   `json:"wait_timeout_ms,omitempty"`
 	SessionID     string   `json:"session_id,omitempty"`
+	LockDelayMs   *int64   `json:"lock_delay_ms,omitempty"`
+	Value         *string  `json:"value,omitempty"`
 }
 
 // ValueRequest is the body of POST /api/v1/locks/{name}/value (SPEC

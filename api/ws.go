@@ -7,6 +7,7 @@ const (
 	OpRelease   = "release"
 	OpRenew     = "renew"
 	OpKeepalive = "keepalive"
+	OpValue     = "value"
 )
 
 // WebSocket reply and push types (the "type" of a server frame).
@@ -22,6 +23,7 @@ const (
 const (
 	ReasonExpired        = "expired"
 	ReasonSessionExpired = "session_expired"
+	ReasonRevoked        = "revoked"
 )
 
 // WSRequest is one client frame. Fields not used by an op stay empty.
@@ -35,19 +37,29 @@ type WSRequest struct {
 	TTLms         *int64 `json:"ttl_ms,omitempty"`
 	WaitTimeoutMs *int64 `json:"wait_timeout_ms,omitempty"`
 	FencingToken  uint64 `json:"fencing_token,omitempty"`
+	// Lock kinds (acquire; Value also for "value"), as in AcquireRequest;
+	// Locks makes an acquire a multi-acquire (Lock then stays empty).
+	Mode        string   `json:"mode,omitempty"`
+	Limit       *int64   `json:"limit,omitempty"`
+	LockDelayMs *int64   `json:"lock_delay_ms,omitempty"`
+	Value       *string  `json:"value,omitempty"`
+	Locks       []string `json:"locks,omitempty"`
 }
 
 // WSMessage is one server frame: a reply to a request (ID set) or a push.
 type WSMessage struct {
-	ID           uint64 `json:"id,omitempty"`
-	Type         string `json:"type"`
-	SessionID    string `json:"session_id,omitempty"`
-	SessionTTLms int64  `json:"session_ttl_ms,omitempty"`
-	Lock         string `json:"lock,omitempty"`
-	FencingToken uint64 `json:"fencing_token,omitempty"`
-	ExpiresAt    string `json:"expires_at,omitempty"`
-	FencingProof string `json:"fencing_proof,omitempty"`
-	Reason       string `json:"reason,omitempty"`
-	Error        *Error `json:"error,omitempty"`
-	Leader       string `json:"leader,omitempty"`
+	ID           uint64  `json:"id,omitempty"`
+	Type         string  `json:"type"`
+	SessionID    string  `json:"session_id,omitempty"`
+	SessionTTLms int64   `json:"session_ttl_ms,omitempty"`
+	Lock         string  `json:"lock,omitempty"`
+	FencingToken uint64  `json:"fencing_token,omitempty"`
+	ExpiresAt    string  `json:"expires_at,omitempty"`
+	FencingProof string  `json:"fencing_proof,omitempty"`
+	Reason       string  `json:"reason,omitempty"`
+	Error        *Error  `json:"error,omitempty"`
+	Leader       string  `json:"leader,omitempty"`
+	Mode         string  `json:"mode,omitempty"`
+	Grants       []Grant `json:"grants,omitempty"`
+	Holder       string  `json:"holder,omitempty"`
 }

@@ -65,6 +65,7 @@ const (
 	kLock kind = iota
 	kWaiter
 	kSession
+	kDelay // a lock-delay's end, by lock name
 )
 
 type item struct {
@@ -117,6 +118,7 @@ type Timers struct {
 	locks    map[uint64]lockTimer // by fencing token
 	waiters  map[waiterKey]int64
 	sessions map[string]*sessionTimer
+	delays   map[string]int64 // lock-delay ends, by lock name
 	wake     chan struct{}
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -186,26 +188,37 @@ func (t *Timers) Rebuild() {
 // so entries applied after the state was read wait in Observe and are
 // taken in afterwards; those at or below its index are skipped.
 func (t *Timers) rebuildLocked() (nLocks, nWaiters, nSessions int) {
+	type delay struct {
+		lock  string
+		until int64
+	}
+	var delays []delay
 	tookOffice := t.now()
 	grace := t.cfg.Grace.Milliseconds()
 	// Copy what the timers need while holding the state's read lock, and
 	// nothing more: Apply waits on that lock, and with a million locks
 	// building maps and a heap under it stalled the log long enough to
 	// cost elections.
-	var locks []locktable.LockInfo
+	type grant struct {
+		lock      string
+		token     uint64
+		expiresAt int64
+	}
+	var locks []grant
 	var waiters []locktable.WaiterInfo
 	var sessions []locktable.Session
 	t.cfg.Viewer.ViewAt(func(tab *locktable.Table, index uint64) {
 		t.since = index
 		st := tab.Stats()
-		locks = make([]locktable.LockInfo, 0, st.Held)
+		locks = make([]grant, 0, st.Holders)
 		waiters = make([]locktable.WaiterInfo, 0, st.Waiters)
 		sessions = make([]locktable.Session, 0, st.Sessions)
-		tab.ForEachHeld(func(li locktable.LockInfo) {
-			if li.ExpiresAt != 0 {
-				locks = append(locks, li)
+		tab.ForEachHolder(func(name string, h locktable.Holder) {
+			if h.ExpiresAt != 0 {
+				locks = append(locks, grant{name, h.Token, h.ExpiresAt})
 			}
 		})
+		tab.ForEachDelayed(func(name string, until int64) { delays = append(delays, delay{name, until}) })
 		tab.ForEachWaiter(func(w locktable.WaiterInfo) { waiters = append(waiters, w) })
 		tab.ForEachSession(func(s locktable.Session) { sessions = append(sessions, s) })
 	})
@@ -215,13 +228,20 @@ func (t *Timers) rebuildLocked() (nLocks, nWaiters, nSessions int) {
 	t.waiters = make(map[waiterKey]int64, len(waiters))
 	t.sessions = make(map[string]*sessionTimer, len(sessions))
 	t.h = make(itemHeap, 0, len(locks)+len(waiters)+len(sessions))
-	for _, li := range locks {
-		at := li.ExpiresAt
+	for _, g := range locks {
+		at := g.expiresAt
 		if at <= tookOffice+grace {
-			at = li.ExpiresAt + grace // never before the replicated expiry, at most one grace after
+			at = g.expiresAt + grace // never before the replicated expiry, at most one grace after
 		}
-		t.locks[li.Token] = lockTimer{lock: li.Name, at: at}
-		t.h = append(t.h, item{at: at, kind: kLock, lock: li.Name, token: li.Token})
+		t.locks[g.token] = lockTimer{lock: g.lock, at: at}
+		t.h = append(t.h, item{at: at, kind: kLock, lock: g.lock, token: g.token})
+	}
+	// A lock-delay ends at its replicated time, never before; no grace:
+	// nothing a client sends can move it.
+	t.delays = make(map[string]int64, len(delays))
+	for _, d := range delays {
+		t.delays[d.lock] = d.until
+		t.h = append(t.h, item{at: d.until, kind: kDelay, lock: d.lock})
 	}
 	for _, w := range waiters {
 		t.waiters[waiterKey{w.Lock, w.ClientID}] = w.Deadline
@@ -246,7 +266,7 @@ func (t *Timers) Stop() {
 	}
 	t.running = false
 	t.cancel()
-	t.h, t.locks, t.waiters, t.sessions = nil, nil, nil, nil
+	t.h, t.locks, t.waiters, t.sessions, t.delays = nil, nil, nil, nil, nil
 	t.mu.Unlock()
 	t.wg.Wait()
 }
@@ -302,6 +322,11 @@ func (t *Timers) Observe(index uint64, events []locktable.Event) {
 			}
 		case locktable.EvSessionEnded:
 			delete(t.sessions, ev.SessionID)
+		case locktable.EvDelayed:
+			t.delays[ev.Lock] = ev.ExpiresAt
+			t.pushLocked(item{at: ev.ExpiresAt, kind: kDelay, lock: ev.Lock})
+		case locktable.EvDelayEnded:
+			delete(t.delays, ev.Lock)
 		}
 	}
 }
@@ -405,6 +430,9 @@ func (t *Timers) currentLocked(it item, now int64) bool {
 	case kWaiter:
 		d, ok := t.waiters[waiterKey{it.lock, it.client}]
 		return ok && d == it.at
+	case kDelay:
+		at, ok := t.delays[it.lock]
+		return ok && at == it.at
 	case kSession:
 		s, ok := t.sessions[it.id]
 		if !ok {
@@ -443,6 +471,8 @@ func (t *Timers) fire(ctx context.Context, it item) {
 		cmd = locktable.Command{Op: locktable.OpExpireLock, Lock: it.lock, Token: it.token}
 	case kWaiter:
 		cmd = locktable.Command{Op: locktable.OpTimeoutWaiter, Lock: it.lock, ClientID: it.client}
+	case kDelay:
+		cmd = locktable.Command{Op: locktable.OpEndDelay, Lock: it.lock}
 	case kSession:
 		t.mu.Lock()
 		s, ok := t.sessions[it.id]
@@ -476,13 +506,29 @@ func (t *Timers) fire(ctx context.Context, it item) {
 	// A no-op: find out from the replicated state whether it is still due.
 	switch it.kind {
 	case kLock:
-		var li locktable.LockInfo
-		t.cfg.Viewer.ViewAt(func(tab *locktable.Table, _ uint64) { li = tab.Get(it.lock) })
-		if li.Held && li.Token == it.token && li.ExpiresAt > 0 {
-			t.rearm(it, max(li.ExpiresAt, t.now()+t.cfg.Retry.Milliseconds()))
+		var expires int64
+		t.cfg.Viewer.ViewAt(func(tab *locktable.Table, _ uint64) {
+			for _, h := range tab.Get(it.lock).Holders {
+				if h.Token == it.token {
+					expires = h.ExpiresAt
+				}
+			}
+		})
+		if expires > 0 {
+			t.rearm(it, max(expires, t.now()+t.cfg.Retry.Milliseconds()))
 		} else {
 			t.mu.Lock()
 			delete(t.locks, it.token)
+			t.mu.Unlock()
+		}
+	case kDelay:
+		var until int64
+		t.cfg.Viewer.ViewAt(func(tab *locktable.Table, _ uint64) { until = tab.Get(it.lock).DelayedUntil })
+		if until > 0 {
+			t.rearm(it, max(until, t.now()+t.cfg.Retry.Milliseconds()))
+		} else {
+			t.mu.Lock()
+			delete(t.delays, it.lock)
 			t.mu.Unlock()
 		}
 	case kSession:
@@ -546,6 +592,11 @@ func (t *Timers) rearm(it item, at int64) {
 	case kWaiter:
 		if _, ok := t.waiters[waiterKey{it.lock, it.client}]; ok {
 			t.setWaiterLocked(it.lock, it.client, at)
+		}
+	case kDelay:
+		if _, ok := t.delays[it.lock]; ok {
+			t.delays[it.lock] = at
+			t.pushLocked(item{at: at, kind: kDelay, lock: it.lock})
 		}
 	case kSession:
 		if s, ok := t.sessions[it.id]; ok {

@@ -94,7 +94,7 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 		return locktable.Result{Code: locktable.CodeInvalid}
 	}
 	f.mu.Lock()
-	res := f.table.Apply(cmd)
+	res := f.table.ApplyAt(l.Index, cmd)
 	f.index = l.Index
 	f.mu.Unlock()
 	// Every member hands the committed events on, in log order, whoever
