@@ -130,9 +130,7 @@ func run(args []string, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "lockd: --signing-key:", err)
 			return 2
 		}
-		cfg.Signer = func(lock string, token uint64, expiresAtMs int64) string {
-			return fence.Sign(priv, lock, token, expiresAtMs)
-		}
+		cfg.Signer = func(g fence.Grant) string { return fence.SignGrant(priv, g) }
 	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(stderr, "lockd: invalid configuration:", err)

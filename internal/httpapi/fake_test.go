@@ -114,7 +114,9 @@ func (f *fakeBackend) NewSessionID() string {
 	f.nextID++
 	return fmt.Sprintf("s%d", f.nextID)
 }
-func (f *fakeBackend) Sign(lock string, token uint64, expiresAt int64) string { return "" }
+func (f *fakeBackend) Sign(lock string, token uint64, mode locktable.Mode, expiresAt int64) string {
+	return ""
+}
 func (f *fakeBackend) Cluster(ctx context.Context) (api.ClusterStatus, error) {
 	return api.ClusterStatus{LeaderID: "n1", Members: []api.Member{{ID: "n1", Voter: true}}}, nil
 }

@@ -16,6 +16,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -59,7 +60,7 @@ type Backend interface {
 	// NewSessionID returns a fresh, unguessable session id.
 	NewSessionID() string
 	// Sign returns a fencing proof for a grant, or "" without a signing key.
-	Sign(lock string, token uint64, expiresAt int64) string
+	Sign(lock string, token uint64, mode locktable.Mode, expiresAt int64) string
 
 	Cluster(ctx context.Context) (api.ClusterStatus, error)
 	AddMember(ctx context.Context, req api.AddMemberRequest) error
@@ -159,7 +160,7 @@ func New(cfg Config) *Handler {
 	rt.handle("POST", "/api/v1/locks/{name}/renew", h.renew)
 	rt.handle("POST", "/api/v1/locks/{name}/value", h.setValue) // SPEC "Values and elections"
 	rt.handle("GET", "/api/v1/locks/{name}", h.getLock)
-	rt.handle("DELETE", "/api/v1/locks/{name}", notServed) // SPEC "Revocation"
+	rt.handle("DELETE", "/api/v1/locks/{name}", h.revoke) // SPEC "Revocation"
 	rt.handle("GET", "/api/v1/locks", h.listLocks)
 	rt.handle("POST", "/api/v1/acquire", h.acquireMany) // SPEC "Multi-lock"
 	rt.handle("POST", "/api/v1/sessions", h.createSession)
@@ -297,11 +298,16 @@ func lockName(r *http.Request) (string, error) {
 func stateError(code locktable.Code, lock, holder string) error {
 	switch code {
 	case locktable.CodeLockHeld:
+		if holder == "" {
+			return &apiError{code: api.CodeLockHeld, msg: "lock " + lock + " is not free for a newcomer: earlier waiters or a lock-delay come first"}
+		}
 		return &apiError{code: api.CodeLockHeld, msg: "lock " + lock + " is held by " + holder}
 	case locktable.CodeNotHolder:
 		return &apiError{code: api.CodeNotHolder, msg: "the client does not hold lock " + lock + " with that fencing token"}
 	case locktable.CodeSessionExpired:
 		return &apiError{code: api.CodeSessionExpired, msg: "the session does not exist or has expired"}
+	case locktable.CodeLimitMismatch:
+		return &apiError{code: api.CodeLimitMismatch, msg: "lock " + lock + " is a lock of another kind: its limit (semaphore size) differs from the one asked for, or a shared grant was asked of a semaphore"}
 	default:
 		return invalid("the request was refused by the state machine as malformed")
 	}
@@ -320,9 +326,34 @@ func queuedDeadline(res locktable.Result, client string) int64 {
 	return d
 }
 
-func (h *Handler) grantReply(lock, client string, token uint64, expiresAt int64) api.AcquireReply {
+func (h *Handler) grantReply(lock, client string, token uint64, mode locktable.Mode, expiresAt int64) api.AcquireReply {
 	return api.AcquireReply{Acquired: true, Lock: lock, ClientID: client, FencingToken: token,
-		ExpiresAt: api.FormatTime(expiresAt), FencingProof: h.b.Sign(lock, token, expiresAt)}
+		ExpiresAt: api.FormatTime(expiresAt), FencingProof: h.b.Sign(lock, token, mode, expiresAt),
+		Mode: mode.String()}
+}
+
+// grantsReply is a multi-acquire's grant reply, one grant per lock in name
+// order.
+func (h *Handler) grantsReply(client string, grants []locktable.Grant) api.AcquireReply {
+	out := api.AcquireReply{Acquired: true, ClientID: client, Grants: make([]api.Grant, len(grants))}
+	for i, g := range grants {
+		out.Grants[i] = api.Grant{Lock: g.Lock, FencingToken: g.Token, ExpiresAt: api.FormatTime(g.ExpiresAt),
+			Mode: g.Mode.String(), FencingProof: h.b.Sign(g.Lock, g.Token, g.Mode, g.ExpiresAt)}
+	}
+	if len(grants) > 0 {
+		out.Mode = grants[0].Mode.String()
+	}
+	return out
+}
+
+// holding returns client's grant of lock in the table, if it holds one.
+func holding(t *locktable.Table, lock, client string) (locktable.Holder, bool) {
+	for _, h := range t.Get(lock).Holders {
+		if h.ClientID == client {
+			return h, true
+		}
+	}
+	return locktable.Holder{}, false
 }
 
 func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
@@ -368,6 +399,11 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 		reject(err)
 		return
 	}
+	kinds, err := validKinds(req.Mode, req.Limit, req.LockDelayMs, req.Value)
+	if err != nil {
+		reject(err)
+		return
+	}
 	if h.routeToLeader(w, r) {
 		return
 	}
@@ -387,8 +423,9 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 	if req.WaitTimeoutMs != nil {
 		wait = *req.WaitTimeoutMs
 	}
-	cmd := locktable.Command{Op: locktable.OpAcquire, Lock: name, ClientID: req.ClientID,
-		SessionID: req.SessionID, TTLms: ttl, WaitMs: wait, Owner: who.Name}
+	cmd := kinds
+	cmd.Op, cmd.Lock, cmd.ClientID, cmd.SessionID = locktable.OpAcquire, name, req.ClientID, req.SessionID
+	cmd.TTLms, cmd.WaitMs, cmd.Owner = ttl, wait, who.Name
 	deadline := time.Now().Add(time.Duration(wait) * time.Millisecond)
 	for {
 		var sub *notify.Sub
@@ -405,7 +442,7 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 		case res.Granted:
 			closeSub(sub)
 			outcome = "granted"
-			writeJSON(w, 200, h.grantReply(name, req.ClientID, res.Token, res.ExpiresAt))
+			writeJSON(w, 200, h.grantReply(name, req.ClientID, res.Token, res.Mode, res.ExpiresAt))
 			return
 		case res.Code != locktable.OK:
 			closeSub(sub)
@@ -427,10 +464,15 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 			// holder, at once; the earlier wait is untouched and answers for
 			// itself. (Granted meanwhile, to this very wait: say so.)
 			var li locktable.LockInfo
-			h.b.View(func(t *locktable.Table) { li = t.Get(name) })
-			if li.Held && li.ClientID == req.ClientID {
+			var mine locktable.Holder
+			var held bool
+			h.b.View(func(t *locktable.Table) {
+				li = t.Get(name)
+				mine, held = holding(t, name, req.ClientID)
+			})
+			if held {
 				outcome = "granted"
-				writeJSON(w, 200, h.grantReply(name, req.ClientID, li.Token, li.ExpiresAt))
+				writeJSON(w, 200, h.grantReply(name, req.ClientID, mine.Token, mine.Mode, mine.ExpiresAt))
 				return
 			}
 			outcome = api.CodeLockHeld
@@ -441,7 +483,7 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 		}
 		// Queued: wait for the committed hand-off.
 		var retry bool
-		retry, outcome = h.awaitGrant(w, r, sub, name, req.ClientID, deadline, queuedDeadline(res, req.ClientID))
+		retry, outcome = h.awaitGrant(w, r, sub, []string{name}, req.ClientID, deadline, queuedDeadline(res, req.ClientID))
 		closeSub(sub)
 		if !retry {
 			return
@@ -458,10 +500,31 @@ func closeSub(s *notify.Sub) {
 	}
 }
 
-// awaitGrant waits for the outcome of a queued acquire and writes the reply.
+// awaitGrant waits for the outcome of a queued acquire of one lock, or of
+// a multi-acquire of several (names in name order), and writes the reply.
 // It returns true when the caller should re-propose instead, and the
 // outcome for metrics.
-func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify.Sub, name, client string, deadline time.Time, waitDeadline int64) (bool, string) {
+func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify.Sub, names []string, client string, deadline time.Time, waitDeadline int64) (bool, string) {
+	multi := len(names) > 1
+	what := "lock " + names[0]
+	if multi {
+		what = "locks " + strings.Join(names, ", ")
+	}
+	reply := func(grants []locktable.Grant) {
+		if multi {
+			writeJSON(w, 200, h.grantsReply(client, grants))
+			return
+		}
+		g := grants[0]
+		writeJSON(w, 200, h.grantReply(g.Lock, client, g.Token, g.Mode, g.ExpiresAt))
+	}
+	timedOut := func() (bool, string) {
+		writeJSON(w, 409, api.AcquireReply{Acquired: false,
+			Error: &api.Error{Code: api.CodeWaitTimeout, Message: "timed out waiting for " + what}})
+		return false, api.CodeWaitTimeout
+	}
+	// A multi-acquire's grants commit in one step, one event per lock.
+	got := make(map[string]locktable.Grant, len(names))
 	// The leader's waiter timer ends the wait with a committed timeout; this
 	// fallback only covers a timer that cannot commit (leadership trouble).
 	fallback := time.NewTimer(time.Until(deadline) + 2*time.Second)
@@ -469,24 +532,33 @@ func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify
 	for {
 		select {
 		case ev := <-sub.Events():
-			if ev.Lock != name || ev.ClientID != client {
+			if ev.ClientID != client || !slices.Contains(names, ev.Lock) || (len(ev.Locks) > 0) != multi {
 				continue
 			}
 			switch ev.Kind {
 			case locktable.EvGranted:
-				writeJSON(w, 200, h.grantReply(name, client, ev.Token, ev.ExpiresAt))
+				if ev.Reason == locktable.ReasonRegrant {
+					continue
+				}
+				got[ev.Lock] = locktable.Grant{Lock: ev.Lock, Token: ev.Token, ExpiresAt: ev.ExpiresAt, Mode: ev.Mode}
+				if len(got) < len(names) {
+					continue
+				}
+				grants := make([]locktable.Grant, len(names))
+				for i, n := range names {
+					grants[i] = got[n]
+				}
+				reply(grants)
 				return false, "granted_after_wait"
 			case locktable.EvWaitEnded:
 				if ev.Deadline != waitDeadline {
 					continue // an earlier wait of this client on this lock
 				}
 				if ev.Reason == locktable.ReasonSessionExpired {
-					writeError(w, &apiError{code: api.CodeSessionExpired, msg: "the session ended while waiting for lock " + name})
+					writeError(w, &apiError{code: api.CodeSessionExpired, msg: "the session ended while waiting for " + what})
 					return false, api.CodeSessionExpired
 				}
-				writeJSON(w, 409, api.AcquireReply{Acquired: false,
-					Error: &api.Error{Code: api.CodeWaitTimeout, Message: "timed out waiting for lock " + name}})
-				return false, api.CodeWaitTimeout
+				return timedOut()
 			}
 		case <-sub.Done():
 			if errors.Is(sub.Err(), notify.ErrOverflow) || errors.Is(sub.Err(), notify.ErrResync) {
@@ -502,16 +574,20 @@ func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify
 				writeError(w, &apiError{code: api.CodeNoLeader, msg: "could not confirm the outcome of the wait; retry on the leader (the queue place is kept until the wait deadline)"})
 				return false, api.CodeNoLeader
 			}
-			var li locktable.LockInfo
+			var grants []locktable.Grant
 			queued := false
 			h.b.View(func(t *locktable.Table) {
-				li = t.Get(name)
-				for _, wt := range t.Waiters(name) {
-					queued = queued || wt.ClientID == client
+				for _, n := range names {
+					if g, ok := holding(t, n, client); ok {
+						grants = append(grants, locktable.Grant{Lock: n, Token: g.Token, ExpiresAt: g.ExpiresAt, Mode: g.Mode})
+					}
+					for _, wt := range t.Waiters(n) {
+						queued = queued || wt.ClientID == client
+					}
 				}
 			})
-			if li.Held && li.ClientID == client {
-				writeJSON(w, 200, h.grantReply(name, client, li.Token, li.ExpiresAt))
+			if len(grants) == len(names) {
+				reply(grants)
 				return false, "granted_after_wait"
 			}
 			if queued { // the committed end of the wait has not come yet
@@ -520,9 +596,7 @@ func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify
 			}
 			// Neither holding nor queued, as of a linearizable read: this
 			// wait can no longer be granted.
-			writeJSON(w, 409, api.AcquireReply{Acquired: false,
-				Error: &api.Error{Code: api.CodeWaitTimeout, Message: "timed out waiting for lock " + name}})
-			return false, api.CodeWaitTimeout
+			return timedOut()
 		case <-r.Context().Done():
 			// The client left, or this member is stopping (Close cancels every
 			// request). Never return without a reply: net/http would send an
@@ -618,8 +692,19 @@ func (h *Handler) renew(w http.ResponseWriter, r *http.Request) {
 
 func statusOf(li locktable.LockInfo) api.LockStatus {
 	// No SessionID: a session id is a capability (see sessions.go).
-	return api.LockStatus{Lock: li.Name, Held: li.Held, ClientID: li.ClientID,
-		FencingToken: li.Token, ExpiresAt: api.FormatTime(li.ExpiresAt), Waiters: li.Waiters}
+	st := api.LockStatus{Lock: li.Name, Held: li.Held, ClientID: li.ClientID,
+		FencingToken: li.Token, ExpiresAt: api.FormatTime(li.ExpiresAt), Waiters: li.Waiters,
+		Mode: api.ModeNone, Limit: li.Limit, Value: li.Value, DelayedUntil: api.FormatTime(li.DelayedUntil),
+		Index: li.Index}
+	if li.Held {
+		st.Mode = li.Mode.String()
+		st.Holders = make([]api.HolderStatus, len(li.Holders))
+		for i, h := range li.Holders {
+			st.Holders[i] = api.HolderStatus{ClientID: h.ClientID, FencingToken: h.Token,
+				ExpiresAt: api.FormatTime(h.ExpiresAt), Mode: h.Mode.String(), Value: h.Value}
+		}
+	}
+	return st
 }
 
 // readable makes the request's read linearizable unless ?stale=true; it

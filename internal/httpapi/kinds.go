@@ -2,75 +2,264 @@ package httpapi
 
 import (
 	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/internal/auth"
+	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/notify"
 )
 
-// The multi-lock and value endpoints check their requests at the door as
-// every endpoint does (exact field names, SPEC limits, access on every
-// name). The state machine does not keep several holders per request or
-// values yet, so a valid request is answered 404 not_found: nothing is
-// proposed, and a client can tell "not served" from "refused".
+// validKinds checks the lock-kind fields of an acquire (SPEC "Lock kinds")
+// and returns them as the command fields they become.
+func validKinds(mode string, limit, delay *int64, value *string) (locktable.Command, error) {
+	var c locktable.Command
+	switch mode {
+	case "", api.ModeExclusive:
+	case api.ModeShared:
+		c.Mode = locktable.Shared
+	default:
+		return c, invalid("mode must be %q or %q, got %q", api.ModeExclusive, api.ModeShared, mode)
+	}
+	if err := checkRange("limit", limit, 1, api.MaxLimit); err != nil {
+		return c, err
+	}
+	if limit != nil {
+		c.Limit = *limit
+	}
+	if c.Mode == locktable.Shared && c.Limit > 1 {
+		return c, invalid("mode shared with limit %d: a semaphore's holders are exclusive (each holds one permit)", c.Limit)
+	}
+	if err := checkRange("lock_delay_ms", delay, 0, api.MaxLockDelayMs); err != nil {
+		return c, err
+	}
+	if delay != nil {
+		c.DelayMs = *delay
+	}
+	if value != nil {
+		if err := validValue(*value); err != nil {
+			return c, err
+		}
+		c.Value = *value
+	}
+	return c, nil
+}
 
+func validValue(v string) error {
+	if len(v) > api.MaxValueBytes || !utf8.ValidString(v) {
+		return invalid("value must be valid UTF-8 of at most %d bytes (got %d bytes)", api.MaxValueBytes, len(v))
+	}
+	return nil
+}
+
+// acquireMany is POST /api/v1/acquire: every named lock in one committed
+// step, or none (SPEC "Multi-lock").
 func (h *Handler) acquireMany(w http.ResponseWriter, r *http.Request) {
+	start, outcome := time.Now(), ""
+	defer func() {
+		if outcome != "" {
+			h.obs.AcquireDone(outcome, time.Since(start))
+		}
+	}()
+	reject := func(err error) {
+		outcome, _ = errorCode(err)
+		writeError(w, err)
+	}
 	var req api.MultiAcquireRequest
 	if err := decode(w, r, &req, false); err != nil {
-		writeError(w, err)
+		reject(err)
 		return
 	}
-	if err := validMultiAcquire(&req); err != nil {
-		writeError(w, err)
+	names, err := validMultiAcquire(&req)
+	if err != nil {
+		reject(err)
 		return
 	}
-	for _, name := range req.Locks {
-		if _, ok := h.allow(w, r, auth.Lock, name, false); !ok {
+	kinds, err := validKinds(req.Mode, nil, req.LockDelayMs, req.Value)
+	if err != nil {
+		reject(err)
+		return
+	}
+	var who auth.Identity
+	for _, name := range names {
+		var ok bool
+		if who, ok = h.allow(w, r, auth.Lock, name, false); !ok {
 			return
 		}
 	}
-	notServed(w, r)
+	if h.routeToLeader(w, r) {
+		return
+	}
+	if req.SessionID != "" {
+		if err := h.sessionAccess(who, req.SessionID); err != nil {
+			reject(err)
+			return
+		}
+	}
+	var ttl, wait int64
+	switch {
+	case req.TTLms != nil:
+		ttl = *req.TTLms
+	case req.SessionID == "":
+		ttl = api.DefaultLockTTLms
+	}
+	if req.WaitTimeoutMs != nil {
+		wait = *req.WaitTimeoutMs
+	}
+	cmd := kinds
+	cmd.Op, cmd.Locks, cmd.ClientID, cmd.SessionID = locktable.OpAcquire, names, req.ClientID, req.SessionID
+	cmd.TTLms, cmd.WaitMs, cmd.Owner = ttl, wait, who.Name
+	deadline := time.Now().Add(time.Duration(wait) * time.Millisecond)
+	for {
+		var sub *notify.Sub
+		if wait > 0 {
+			sub = h.b.Subscribe(req.ClientID) // before proposing: no grant can slip past
+		}
+		res, err := h.b.Propose(r.Context(), cmd)
+		if err != nil {
+			closeSub(sub)
+			reject(err)
+			return
+		}
+		switch {
+		case res.Granted:
+			closeSub(sub)
+			outcome = "granted"
+			writeJSON(w, 200, h.grantsReply(req.ClientID, res.Grants))
+			return
+		case res.Code == locktable.CodeLockHeld:
+			closeSub(sub)
+			e := stateError(res.Code, res.Lock, res.Holder)
+			code, msg := errorCode(e)
+			outcome = code
+			writeJSON(w, 409, api.AcquireReply{Acquired: false, Lock: res.Lock, Holder: res.Holder,
+				Error: &api.Error{Code: code, Message: msg}})
+			return
+		case res.Code != locktable.OK:
+			closeSub(sub)
+			lock := res.Lock
+			if lock == "" {
+				lock = strings.Join(names, ", ")
+			}
+			reject(resultError(res, lock))
+			return
+		}
+		if wait == 0 {
+			// A try by a client whose earlier multi-acquire of the same locks
+			// waits: that wait keeps its place and answers for itself.
+			closeSub(sub)
+			outcome = api.CodeLockHeld
+			writeJSON(w, 409, api.AcquireReply{Acquired: false, Lock: names[0],
+				Error: &api.Error{Code: api.CodeLockHeld, Message: "locks " + strings.Join(names, ", ") +
+					" are not free; the earlier wait of this client keeps its place in their queues"}})
+			return
+		}
+		var retry bool
+		retry, outcome = h.awaitGrant(w, r, sub, names, req.ClientID, deadline, queuedDeadline(res, req.ClientID))
+		closeSub(sub)
+		if !retry {
+			return
+		}
+		cmd.WaitMs = max(time.Until(deadline).Milliseconds(), 1)
+	}
 }
 
-func validMultiAcquire(req *api.MultiAcquireRequest) error {
+// validMultiAcquire checks a multi-acquire and returns its names in name
+// order (the order every grant and every queue append follows).
+func validMultiAcquire(req *api.MultiAcquireRequest) ([]string, error) {
 	if err := validClientID("client_id", req.ClientID); err != nil {
-		return err
+		return nil, err
 	}
 	if n := len(req.Locks); n < api.MinMultiLocks || n > api.MaxMultiLocks {
-		return invalid("locks names %d locks; a multi-acquire takes %d to %d distinct names", n, api.MinMultiLocks, api.MaxMultiLocks)
+		return nil, invalid("locks names %d locks; a multi-acquire takes %d to %d distinct names", n, api.MinMultiLocks, api.MaxMultiLocks)
 	}
 	seen := make(map[string]bool, len(req.Locks))
 	for i, name := range req.Locks {
 		if why := ValidLockName(name); why != "" {
-			return invalid("locks[%d]: %s", i, why)
+			return nil, invalid("locks[%d]: %s", i, why)
 		}
 		if seen[name] {
-			return invalid("locks names %q twice", name)
+			return nil, invalid("locks names %q twice", name)
 		}
 		seen[name] = true
 	}
-	switch req.Mode {
-	case "", "exclusive", "shared":
-	default:
-		return invalid("mode must be exclusive or shared, got %q", req.Mode)
-	}
 	if err := checkRange("ttl_ms", req.TTLms, api.MinTTLms, api.MaxTTLms); err != nil {
-		return err
+		return nil, err
 	}
 	if err := checkRange("wait_timeout_ms", req.WaitTimeoutMs, 0, api.MaxWaitTimeoutMs); err != nil {
-		return err
+		return nil, err
 	}
-	return validSessionID(req.SessionID)
+	if err := validSessionID(req.SessionID); err != nil {
+		return nil, err
+	}
+	names := slices.Clone(req.Locks)
+	slices.Sort(names)
+	return names, nil
 }
 
+// setValue is POST /api/v1/locks/{name}/value: the holder sets its grant's
+// value (SPEC "Values and elections").
 func (h *Handler) setValue(w http.ResponseWriter, r *http.Request) {
 	var req api.ValueRequest
-	if _, _, ok := h.holderRequest(w, r, &req, func() (string, uint64) { return req.ClientID, req.FencingToken }); !ok {
+	name, who, ok := h.holderRequest(w, r, &req, func() (string, uint64) { return req.ClientID, req.FencingToken })
+	if !ok {
 		return
 	}
-	if len(req.Value) > api.MaxValueBytes || !utf8.ValidString(req.Value) {
-		writeError(w, invalid("value must be valid UTF-8 of at most %d bytes (got %d bytes)", api.MaxValueBytes, len(req.Value)))
+	if err := validValue(req.Value); err != nil {
+		writeError(w, err)
 		return
 	}
-	notServed(w, r)
+	if h.routeToLeader(w, r) {
+		return
+	}
+	res, err := h.b.Propose(r.Context(), locktable.Command{Op: locktable.OpSetValue, Lock: name,
+		ClientID: req.ClientID, Token: req.FencingToken, Value: req.Value, Owner: who.Name})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if res.Code != locktable.OK {
+		writeError(w, stateError(res.Code, name, ""))
+		return
+	}
+	writeJSON(w, 200, api.ValueReply{Updated: true, FencingToken: res.Token})
+}
+
+// revoke is DELETE /api/v1/locks/{name}[?fencing_token=N]: an operator ends
+// the lock's grants (or the one named), with lock-delay and hand-off as for
+// an expiry (SPEC "Revocation").
+func (h *Handler) revoke(w http.ResponseWriter, r *http.Request) {
+	name, err := lockName(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if _, ok := h.allow(w, r, auth.Admin, "", false); !ok {
+		return
+	}
+	var token uint64
+	if v := r.URL.Query().Get("fencing_token"); v != "" || r.URL.Query().Has("fencing_token") {
+		token, err = strconv.ParseUint(v, 10, 64)
+		if err != nil || token == 0 {
+			writeError(w, invalid("fencing_token must be a positive integer, got %q", v))
+			return
+		}
+	}
+	if h.routeToLeader(w, r) {
+		return
+	}
+	res, err := h.b.Propose(r.Context(), locktable.Command{Op: locktable.OpRevoke, Lock: name, Token: token})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if res.Code != locktable.OK {
+		writeError(w, &apiError{code: api.CodeNotHolder, msg: "lock " + name + " has no grant with fencing token " + strconv.FormatUint(token, 10)})
+		return
+	}
+	writeJSON(w, 200, api.RevokeReply{Revoked: res.Tokens})
 }

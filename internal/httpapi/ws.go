@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"net/http"
@@ -40,8 +41,8 @@ type wsConn struct {
 	client   string
 	ttl      int64
 	sub      *notify.Sub
-	pending  map[string][]*pendingAcquire // lock -> acquires waiting for their answer, in the order sent
-	lanes    map[string][]api.WSRequest   // lock -> requests waiting for that lock's lane
+	pending  map[string][]*pendingAcquire // lock (or multiKey) -> acquires waiting for their answer, in the order sent
+	lanes    map[string][]*laneItem       // lock -> requests waiting for that lock's lane
 	subReady chan struct{}
 	id       auth.Identity // the connection's token, when auth is on
 
@@ -61,6 +62,9 @@ const maxInflight = 1024
 type pendingAcquire struct {
 	id       uint64
 	deadline int64
+	// grants collects a multi-acquire's grants: they commit in one step,
+	// one event per lock, and are answered in one reply.
+	grants map[string]locktable.Grant
 	// ended holds the deadlines of waits that ended before this acquire's
 	// own deadline was known; queued settles them.
 	ended []int64
@@ -87,7 +91,7 @@ func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
 	c.SetReadLimit(api.MaxBodyBytes + 1) // readFrame answers a frame over MaxBodyBytes before this limit closes the connection
 	ctx, cancel := context.WithCancel(r.Context())
 	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string][]*pendingAcquire{},
-		lanes: map[string][]api.WSRequest{}, subReady: make(chan struct{}), id: id,
+		lanes: map[string][]*laneItem{}, subReady: make(chan struct{}), id: id,
 		inflight: make(chan struct{}, maxInflight)}
 	wc.w = newWSWriter(c, cw.cork, cancel)
 	defer cancel()
@@ -177,7 +181,8 @@ func (wc *wsConn) readLoop() string {
 		case <-wc.ctx.Done():
 			return "closed"
 		}
-		if req.Lock == "" {
+		locks := requestLocks(req)
+		if len(locks) == 0 {
 			wc.work.Add(1)
 			go func() {
 				defer wc.work.Done()
@@ -186,16 +191,50 @@ func (wc *wsConn) readLoop() string {
 			continue
 		}
 		// Requests naming one lock take effect in the order they were sent:
-		// its lane serves them one at a time.
+		// its lane serves them one at a time. A request naming several
+		// (a multi-acquire) joins every one of their lanes and is served
+		// once it heads them all; lanes are appended to in read order under
+		// one lock, so two such requests meet in the same order everywhere.
+		it := &laneItem{req: req, need: int32(len(locks)), done: make(chan struct{})}
 		wc.mu.Lock()
-		queued, busy := wc.lanes[req.Lock]
-		wc.lanes[req.Lock] = append(queued, req)
+		var idle []string
+		for _, l := range locks {
+			queued, busy := wc.lanes[l]
+			wc.lanes[l] = append(queued, it)
+			if !busy {
+				idle = append(idle, l)
+			}
+		}
 		wc.mu.Unlock()
-		if !busy {
+		for _, l := range idle {
 			wc.work.Add(1)
-			go wc.runLane(req.Lock)
+			go wc.runLane(l)
 		}
 	}
+}
+
+// laneItem is a request in the lanes of the locks it names.
+type laneItem struct {
+	req  api.WSRequest
+	need int32         // lanes still to reach it; the last one serves it
+	done chan struct{} // closed once served
+}
+
+// requestLocks names the locks a request takes effect on, in name order
+// (duplicates removed; validation happens when it is served).
+func requestLocks(req api.WSRequest) []string {
+	if len(req.Locks) > 0 {
+		if len(req.Locks) > api.MaxMultiLocks {
+			return nil // refused when served; it orders with nothing
+		}
+		ls := slices.Clone(req.Locks)
+		slices.Sort(ls)
+		return slices.Compact(ls)
+	}
+	if req.Lock == "" {
+		return nil
+	}
+	return []string{req.Lock}
 }
 
 // runLane serves the requests queued for one lock until none is left.
@@ -209,10 +248,25 @@ func (wc *wsConn) runLane(lock string) {
 			wc.mu.Unlock()
 			return
 		}
-		req := q[0]
+		it := q[0]
 		wc.lanes[lock] = q[1:]
+		last := false
+		if it.need > 0 {
+			it.need--
+			last = it.need == 0
+		}
 		wc.mu.Unlock()
-		wc.serve(req)
+		if !last {
+			// Another lane serves it: wait until it has, so nothing sent
+			// after it on this lock overtakes it.
+			select {
+			case <-it.done:
+			case <-wc.ctx.Done():
+			}
+			continue
+		}
+		wc.serve(it.req)
+		close(it.done)
 	}
 }
 
@@ -232,6 +286,8 @@ func (wc *wsConn) serve(req api.WSRequest) {
 		herr = wc.renew(req)
 	case api.OpKeepalive:
 		herr = wc.keepalive(req)
+	case api.OpValue:
+		herr = wc.value(req)
 	default:
 		herr = invalid("unknown op %q", req.Op)
 	}
@@ -336,6 +392,9 @@ func (wc *wsConn) hello(req api.WSRequest) error {
 }
 
 func (wc *wsConn) acquire(req api.WSRequest) error {
+	if len(req.Locks) > 0 {
+		return wc.acquireMany(req)
+	}
 	if why := ValidLockName(req.Lock); why != "" {
 		return invalid("%s", why)
 	}
@@ -348,8 +407,11 @@ func (wc *wsConn) acquire(req api.WSRequest) error {
 	if err := checkRange("wait_timeout_ms", req.WaitTimeoutMs, 0, api.MaxWaitTimeoutMs); err != nil {
 		return err
 	}
-	cmd := locktable.Command{Op: locktable.OpAcquire, Lock: req.Lock, ClientID: wc.client, SessionID: wc.session,
-		Owner: wc.id.Name}
+	cmd, err := validKinds(req.Mode, req.Limit, req.LockDelayMs, req.Value)
+	if err != nil {
+		return err
+	}
+	cmd.Op, cmd.Lock, cmd.ClientID, cmd.SessionID, cmd.Owner = locktable.OpAcquire, req.Lock, wc.client, wc.session, wc.id.Name
 	if req.TTLms != nil {
 		cmd.TTLms = *req.TTLms
 	}
@@ -389,6 +451,105 @@ func (wc *wsConn) acquire(req api.WSRequest) error {
 		return err
 	}
 	return resultError(res, req.Lock)
+}
+
+// multiKey is the pending key of a multi-acquire: its names in name order,
+// joined by a byte no lock name holds, so it never equals a lock name.
+func multiKey(names []string) string { return strings.Join(names, "\x00") }
+
+// acquireMany is a multi-acquire over WebSocket (SPEC "Multi-lock"): its
+// grants reach the client in one reply through pushLoop, as a single
+// acquire's grant does.
+func (wc *wsConn) acquireMany(req api.WSRequest) error {
+	if req.Lock != "" {
+		return invalid("an acquire names either lock or locks, not both")
+	}
+	names, err := validMultiAcquire(&api.MultiAcquireRequest{ClientID: wc.client, Locks: req.Locks,
+		TTLms: req.TTLms, WaitTimeoutMs: req.WaitTimeoutMs})
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := wc.allowLock(n); err != nil {
+			return err
+		}
+	}
+	if req.Limit != nil && *req.Limit != 1 {
+		return invalid("a multi-acquire takes ordinary locks (limit 1), not semaphores")
+	}
+	cmd, err := validKinds(req.Mode, nil, req.LockDelayMs, req.Value)
+	if err != nil {
+		return err
+	}
+	cmd.Op, cmd.Locks, cmd.ClientID, cmd.SessionID, cmd.Owner = locktable.OpAcquire, names, wc.client, wc.session, wc.id.Name
+	if req.TTLms != nil {
+		cmd.TTLms = *req.TTLms
+	}
+	if req.WaitTimeoutMs != nil {
+		cmd.WaitMs = *req.WaitTimeoutMs
+	}
+	key := multiKey(names)
+	p := &pendingAcquire{id: req.ID, grants: map[string]locktable.Grant{}}
+	wc.mu.Lock()
+	wc.pending[key] = append(wc.pending[key], p)
+	wc.mu.Unlock()
+	res, err := wc.h.b.Propose(wc.ctx, cmd)
+	if err == nil && res.Code == locktable.OK {
+		if res.Queued && cmd.WaitMs == 0 {
+			if wc.unpend(key, p) {
+				return stateError(locktable.CodeLockHeld, names[0], "")
+			}
+			return nil
+		}
+		if res.Queued {
+			wc.queued(key, p, res)
+		}
+		return nil
+	}
+	if !wc.unpend(key, p) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if res.Code == locktable.CodeLockHeld {
+		e := stateError(res.Code, res.Lock, res.Holder)
+		code, msg := errorCode(e)
+		wc.send(api.WSMessage{ID: req.ID, Type: api.TypeError, Lock: res.Lock, Holder: res.Holder,
+			Error: &api.Error{Code: code, Message: msg}})
+		return nil
+	}
+	lock := res.Lock
+	if lock == "" {
+		lock = strings.Join(names, ", ")
+	}
+	return resultError(res, lock)
+}
+
+// value is the holder setting its grant's value.
+func (wc *wsConn) value(req api.WSRequest) error {
+	if why := ValidLockName(req.Lock); why != "" {
+		return invalid("%s", why)
+	}
+	if err := wc.allowLock(req.Lock); err != nil {
+		return err
+	}
+	if req.Value == nil {
+		return invalid("value is required")
+	}
+	if err := validValue(*req.Value); err != nil {
+		return err
+	}
+	res, err := wc.h.b.Propose(wc.ctx, locktable.Command{Op: locktable.OpSetValue, Lock: req.Lock,
+		ClientID: wc.client, Token: req.FencingToken, Value: *req.Value, Owner: wc.id.Name})
+	if err != nil {
+		return err
+	}
+	if res.Code != locktable.OK {
+		return stateError(res.Code, req.Lock, "")
+	}
+	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, Lock: req.Lock, FencingToken: res.Token})
+	return nil
 }
 
 // unpend removes p from the acquires pending on lock; false when a push
@@ -523,6 +684,10 @@ func (wc *wsConn) pushLoop() {
 func (wc *wsConn) push(ev locktable.Event) {
 	switch ev.Kind {
 	case locktable.EvGranted:
+		if len(ev.Locks) > 0 {
+			wc.pushMulti(ev)
+			return
+		}
 		// Every acquire of this lock pending on this connection is answered
 		// by the grant: they are one client's, and a grant is idempotent.
 		wc.mu.Lock()
@@ -532,24 +697,31 @@ func (wc *wsConn) push(ev locktable.Event) {
 		if len(ps) == 0 {
 			return // nobody on this connection asked (a re-grant already answered)
 		}
-		proof := wc.h.b.Sign(ev.Lock, ev.Token, ev.ExpiresAt)
+		proof := wc.h.b.Sign(ev.Lock, ev.Token, ev.Mode, ev.ExpiresAt)
 		for _, p := range ps {
 			wc.send(api.WSMessage{ID: p.id, Type: api.TypeGranted, Lock: ev.Lock, FencingToken: ev.Token,
-				ExpiresAt: api.FormatTime(ev.ExpiresAt), FencingProof: proof})
+				ExpiresAt: api.FormatTime(ev.ExpiresAt), FencingProof: proof, Mode: ev.Mode.String()})
 		}
 	case locktable.EvLost:
 		reason := api.ReasonExpired
-		if ev.Reason == locktable.ReasonSessionExpired {
+		switch ev.Reason {
+		case locktable.ReasonSessionExpired:
 			reason = api.ReasonSessionExpired
+		case locktable.ReasonRevoked:
+			reason = api.ReasonRevoked
 		}
 		wc.send(api.WSMessage{Type: api.TypeLost, Lock: ev.Lock, FencingToken: ev.Token, Reason: reason})
 	case locktable.EvWaitEnded:
 		// Only the end of an acquire's own wait answers it; see
 		// pendingAcquire.
+		key, what := ev.Lock, "lock "+ev.Lock
+		if len(ev.Locks) > 0 {
+			key, what = multiKey(ev.Locks), "locks "+strings.Join(ev.Locks, ", ")
+		}
 		var ended []*pendingAcquire
 		wc.mu.Lock()
-		kept := wc.pending[ev.Lock][:0]
-		for _, p := range wc.pending[ev.Lock] {
+		kept := wc.pending[key][:0]
+		for _, p := range wc.pending[key] {
 			switch {
 			case p.deadline == 0:
 				p.ended = append(p.ended, ev.Deadline) // queued decides once the deadline is known
@@ -561,14 +733,14 @@ func (wc *wsConn) push(ev locktable.Event) {
 			}
 		}
 		if len(kept) == 0 {
-			delete(wc.pending, ev.Lock)
+			delete(wc.pending, key)
 		} else {
-			wc.pending[ev.Lock] = kept
+			wc.pending[key] = kept
 		}
 		wc.mu.Unlock()
-		code, msg := api.CodeWaitTimeout, "timed out waiting for lock "+ev.Lock
+		code, msg := api.CodeWaitTimeout, "timed out waiting for "+what
 		if ev.Reason == locktable.ReasonSessionExpired {
-			code, msg = api.CodeSessionExpired, "the session ended while waiting for lock "+ev.Lock
+			code, msg = api.CodeSessionExpired, "the session ended while waiting for "+what
 		}
 		for _, p := range ended {
 			wc.send(api.WSMessage{ID: p.id, Type: api.TypeError, Lock: ev.Lock, Error: &api.Error{Code: code, Message: msg}})
@@ -577,5 +749,32 @@ func (wc *wsConn) push(ev locktable.Event) {
 		wc.send(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: api.CodeSessionExpired,
 			Message: "session " + ev.SessionID + " ended (" + ev.Reason + ")"}})
 		wc.end()
+	}
+}
+
+// pushMulti collects a multi-acquire's grant events (one per lock, all from
+// one committed step) and answers the pending request once all are in.
+func (wc *wsConn) pushMulti(ev locktable.Event) {
+	key := multiKey(ev.Locks)
+	wc.mu.Lock()
+	ps := wc.pending[key]
+	var done []*pendingAcquire
+	for _, p := range ps {
+		p.grants[ev.Lock] = locktable.Grant{Lock: ev.Lock, Token: ev.Token, ExpiresAt: ev.ExpiresAt, Mode: ev.Mode}
+		if len(p.grants) == len(ev.Locks) {
+			done = append(done, p)
+		}
+	}
+	if len(done) > 0 {
+		delete(wc.pending, key) // they complete together: same client, same locks
+	}
+	wc.mu.Unlock()
+	for _, p := range done {
+		gs := make([]locktable.Grant, len(ev.Locks))
+		for i, n := range ev.Locks {
+			gs[i] = p.grants[n]
+		}
+		r := wc.h.grantsReply(wc.client, gs)
+		wc.send(api.WSMessage{ID: p.id, Type: api.TypeGranted, Grants: r.Grants, Mode: r.Mode})
 	}
 }

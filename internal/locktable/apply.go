@@ -87,14 +87,14 @@ type Event struct {
 // Result is what Apply returns for one command.
 type Result struct {
 	Code      Code
-	Granted   bool   // acquire: the caller holds the lock now
-	Queued    bool   // acquire: the caller waits in the queue
-	Position  int    // acquire: queue position when queued (0 = next)
-	Token     uint64 // acquire/renew/release: the grant's token
-	ExpiresAt int64  // acquire/renew: the grant's expiry (0 = none)
-	Holder    string // lock_held: who holds it ("" for a free lock that is not free for a newcomer)
-	Lock      string // multi-acquire lock_held / limit_mismatch: the first blocking name
-	Mode      Mode   // acquire: the grant's mode
+	Granted   bool     // acquire: the caller holds the lock now
+	Queued    bool     // acquire: the caller waits in the queue
+	Position  int      // acquire: queue position when queued (0 = next)
+	Token     uint64   // acquire/renew/release: the grant's token
+	ExpiresAt int64    // acquire/renew: the grant's expiry (0 = none)
+	Holder    string   // lock_held: who holds it ("" for a free lock that is not free for a newcomer)
+	Lock      string   // multi-acquire lock_held / limit_mismatch: the first blocking name
+	Mode      Mode     // acquire: the grant's mode
 	Grants    []Grant  // multi-acquire: one grant per lock, in name order
 	Tokens    []uint64 // revoke: the grants it ended
 	// Quota and QuotaLimit name the quota a resource_exhausted refusal hit
@@ -116,7 +116,7 @@ type Grant struct {
 // ApplyAt applies the command committed at log index; lock statuses record
 // it as the index of their last change.
 func (t *Table) ApplyAt(index uint64, c Command) Result {
-	t.index = index
+	t.applying = index
 	return t.Apply(c)
 }
 
@@ -181,9 +181,11 @@ func (t *Table) Apply(c Command) Result {
 	return r
 }
 
-
 // touch records that l changed in the command being applied.
-func (t *Table) touch(l *Lock) { l.Index = t.index }
+func (t *Table) touch(l *Lock) {
+	l.Index = t.applying
+	t.changed = max(t.changed, t.applying)
+}
 
 func (t *Table) lockFor(name string, limit int64) *Lock {
 	l, ok := t.locks[name]
@@ -268,7 +270,7 @@ func (t *Table) acquire(c Command, r *Result) {
 			return
 		}
 		// Idempotent re-acquire by the holder: same grant, expiry refreshed.
-		t.regrant(l, h, c.TTLms, c.Now, &r.Events)
+		t.regrant(l, h, c.TTLms, c.Now, nil, &r.Events)
 		r.Granted, r.Token, r.ExpiresAt, r.Mode = true, h.Token, h.ExpiresAt, h.Mode
 		return
 	}
@@ -362,14 +364,14 @@ func queuedEvent(lock string, w Waiter) Event {
 }
 
 // regrant refreshes a holder's expiry for an idempotent re-acquire.
-func (t *Table) regrant(l *Lock, h *Holder, ttl, now int64, ev *[]Event) {
+func (t *Table) regrant(l *Lock, h *Holder, ttl, now int64, locks []string, ev *[]Event) {
 	if ttl > 0 {
 		h.TTLms = ttl
 	}
 	h.ExpiresAt = expiry(now, h.TTLms)
 	t.touch(l)
 	*ev = append(*ev, Event{Kind: EvGranted, Lock: l.Name, ClientID: h.ClientID, SessionID: h.SessionID,
-		Token: h.Token, TTLms: h.TTLms, ExpiresAt: h.ExpiresAt, Reason: ReasonRegrant, Mode: h.Mode, Value: h.Value})
+		Token: h.Token, TTLms: h.TTLms, ExpiresAt: h.ExpiresAt, Reason: ReasonRegrant, Mode: h.Mode, Value: h.Value, Locks: locks})
 }
 
 // rewait refreshes a waiter's deadline (and TTL) for an idempotent retry.

@@ -44,7 +44,7 @@ func (t *Table) acquireMany(c Command, r *Result) {
 	if held == len(locks) {
 		for _, l := range locks {
 			h := l.Holders[l.holderOf(c.ClientID)]
-			t.regrant(l, h, c.TTLms, c.Now, &r.Events)
+			t.regrant(l, h, c.TTLms, c.Now, c.Locks, &r.Events)
 			r.Grants = append(r.Grants, Grant{Lock: l.Name, Token: h.Token, ExpiresAt: h.ExpiresAt, Mode: h.Mode})
 		}
 		r.Granted, r.Mode = true, r.Grants[0].Mode

@@ -14,7 +14,8 @@ import (
 // waiters restore with the owner "" (the identity of a cluster without
 // auth).
 //
-// Format 3 adds the lock kinds: the applied index after the token counter;
+// Format 3 adds the lock kinds: the index of the last change to any lock
+// after the token counter;
 // per lock its limit, lock-delay end and last-change index, then a count of
 // holders (format 2: a 0/1 byte) and, for each holder and waiter, its mode,
 // lock-delay and value, and for each waiter its multi-lock names.
@@ -30,7 +31,7 @@ func (t *Table) Snapshot() []byte {
 	w.b = append(w.b, snapshotMagic...)
 	w.byte(snapshotVersion)
 	w.uvarint(t.lastToken)
-	w.uvarint(t.index)
+	w.uvarint(t.changed)
 
 	w.uvarint(uint64(len(t.sessions)))
 	for _, id := range sortedKeys(t.sessions) {
@@ -113,7 +114,7 @@ func Restore(b []byte) (*Table, error) {
 	t := New()
 	t.lastToken = r.uvarint()
 	if v >= 3 {
-		t.index = r.uvarint()
+		t.changed = r.uvarint()
 	}
 	ids := map[string]string{} // client, session and owner ids, shared (internString)
 	// owner reads an owner identity; format 1 has none.

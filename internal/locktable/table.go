@@ -171,7 +171,8 @@ type Table struct {
 	memo      []releaseMemo // ring, oldest at memoHead once full
 	memoHead  int
 	memoIdx   map[memoKey]string // (lock, token) -> client id
-	index     uint64             // log index of the command being applied; never encoded
+	applying  uint64             // log index of the command being applied; never encoded
+	changed   uint64             // log index of the last change to any lock (dropped ones too)
 	usage     map[string]*usage  // per owner identity; derived, never encoded
 	names     nameIndex          // lock names in order, for lists; derived, never encoded
 }
@@ -231,18 +232,18 @@ func (l *Lock) info() LockInfo {
 }
 
 // Get returns the state of one lock; a lock nobody holds, waits on or
-// delays is reported free, at the last applied index (any index at or above
-// its last change will do).
+// delays is reported free, at the index of the last change to any lock (at
+// or above its own last change).
 func (t *Table) Get(name string) LockInfo {
 	if l, ok := t.locks[name]; ok {
 		return l.info()
 	}
-	return LockInfo{Name: name, Limit: 1, Index: t.index}
+	return LockInfo{Name: name, Limit: 1, Index: t.changed}
 }
 
-// AppliedIndex is the log index of the last command applied (0 before the
-// first, or when the caller never passed indexes).
-func (t *Table) AppliedIndex() uint64 { return t.index }
+// LastChange is the log index of the last change to any lock, including
+// locks since freed and dropped: at or above the last change of every lock.
+func (t *Table) LastChange() uint64 { return t.changed }
 
 // List returns every lock whose name starts with prefix, sorted by name.
 func (t *Table) List(prefix string, limit int) []LockInfo {
@@ -302,7 +303,7 @@ func (t *Table) PrepareRestore(current *Table, minToken uint64) {
 // Stats counts what the table holds, for metrics.
 type Stats struct {
 	Locks, Held, Holders, Waiters, Sessions int
-	LastToken                      uint64
+	LastToken                               uint64
 }
 
 // Size returns the number of locks and sessions without walking them.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/fence"
 	"github.com/lockd/lockd/internal/httpapi"
 	"github.com/lockd/lockd/internal/leader"
 	"github.com/lockd/lockd/internal/locktable"
@@ -114,11 +115,15 @@ func (s *Server) Subscribe(clientID string) *notify.Sub { return s.hub.Subscribe
 func (s *Server) NewSessionID() string { return newSessionID() }
 
 // Sign returns the fencing proof for a grant, or "".
-func (s *Server) Sign(lock string, token uint64, expiresAt int64) string {
+func (s *Server) Sign(lock string, token uint64, mode locktable.Mode, expiresAt int64) string {
 	if s.cfg.Signer == nil {
 		return ""
 	}
-	return s.cfg.Signer(lock, token, expiresAt)
+	m := fence.ModeExclusive
+	if mode == locktable.Shared {
+		m = fence.ModeShared
+	}
+	return s.cfg.Signer(fence.Grant{Lock: lock, Token: token, Mode: m, ExpiresAt: expiresAt})
 }
 
 // Cluster describes the configuration as this member sees it.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"reflect"
 	"testing"
 	"time"
 
@@ -74,7 +75,7 @@ func TestBackupRoundTrip(t *testing.T) {
 			m.Srv.View(func(tab *locktable.Table) {
 				for _, name := range []string{"ttl-lock", "jobs/nightly", "session-lock"} {
 					g, w := tab.Get(name), want.Get(name)
-					ok = ok && g == w
+					ok = ok && reflect.DeepEqual(g, w)
 				}
 				_, hasSession := tab.Session(sid)
 				ok = ok && hasSession && tab.LastToken() >= want.LastToken() && tab.Get("other").Held == false

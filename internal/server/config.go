@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lockd/lockd/fence"
 	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/locktable"
 	"github.com/lockd/lockd/internal/raftnode"
@@ -53,7 +54,9 @@ type Config struct {
 	RaftLogLevel string
 	Registry     *prometheus.Registry
 	// Signer makes the fencing proof sent with every grant; nil sends none.
-	Signer func(lock string, token uint64, expiresAtMs int64) string
+	// Its proof covers the grant's mode: a shared grant's proof cannot
+	// write through a fence.
+	Signer func(g fence.Grant) string
 	Now    func() time.Time
 	// Pprof serves Go's profiler under /debug/pprof/ on the client API
 	// (admin access when Auth is on).
