@@ -149,6 +149,12 @@ const (
 	MaxLockDelayMs = 60_000
 )
 
+// Blocking queries: GET /api/v1/locks/{name}?index=N&wait=D.
+const (
+	DefaultWait = 5 * time.Minute
+	MaxWait     = 10 * time.Minute
+)
+
 // AcquireReply is the 200 reply of acquire (and, with Acquired false and
 // Error set, its 409 reply).
 type AcquireReply struct {

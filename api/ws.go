@@ -8,6 +8,8 @@ const (
 	OpRenew     = "renew"
 	OpKeepalive = "keepalive"
 	OpValue     = "value"
+	OpWatch     = "watch"
+	OpUnwatch   = "unwatch"
 )
 
 // WebSocket reply and push types (the "type" of a server frame).
@@ -17,6 +19,8 @@ const (
 	TypeOK      = "ok"
 	TypeError   = "error"
 	TypeLost    = "lost"
+	TypeChanged = "changed" // a watched lock's committed change
+	TypeResync  = "resync"  // a watcher fell behind: re-read, then follow the changes again
 )
 
 // Reasons carried by a "lost" push.
@@ -44,6 +48,10 @@ type WSRequest struct {
 	LockDelayMs *int64   `json:"lock_delay_ms,omitempty"`
 	Value       *string  `json:"value,omitempty"`
 	Locks       []string `json:"locks,omitempty"`
+	// Watches: watch Lock, or every lock under Prefix (a present, even
+	// empty, prefix); unwatch WatchID.
+	Prefix  *string `json:"prefix,omitempty"`
+	WatchID uint64  `json:"watch_id,omitempty"`
 }
 
 // WSMessage is one server frame: a reply to a request (ID set) or a push.
@@ -62,4 +70,9 @@ type WSMessage struct {
 	Mode         string  `json:"mode,omitempty"`
 	Grants       []Grant `json:"grants,omitempty"`
 	Holder       string  `json:"holder,omitempty"`
+	// Watches: the watch a changed or resync frame belongs to, and a
+	// change's log index and the lock's status right after it.
+	WatchID uint64      `json:"watch_id,omitempty"`
+	Index   uint64      `json:"index,omitempty"`
+	Status  *LockStatus `json:"status,omitempty"`
 }

@@ -23,6 +23,8 @@ type fakeBackend struct {
 	mu       sync.Mutex
 	table    *locktable.Table
 	hub      *notify.Hub
+	watches  *notify.Watches
+	index    uint64
 	now      int64
 	proposed atomic.Int64
 	ready    bool
@@ -38,7 +40,7 @@ type fakeBackend struct {
 }
 
 func newFake() *fakeBackend {
-	return &fakeBackend{table: locktable.New(), hub: notify.NewHub(), now: 1_700_000_000_000,
+	return &fakeBackend{table: locktable.New(), hub: notify.NewHub(), watches: notify.NewWatches(nil), now: 1_700_000_000_000,
 		ready: true, sessions: map[string]int64{}}
 }
 
@@ -81,7 +83,16 @@ func (f *fakeBackend) Propose(ctx context.Context, cmd locktable.Command) (lockt
 	}
 	f.now++
 	cmd.Now = f.now
-	res := f.table.Apply(cmd)
+	f.index++
+	res := f.table.ApplyAt(f.index, cmd)
+	var changes []notify.Change
+	seen := map[string]bool{}
+	for _, ev := range res.AllEvents() {
+		if ev.Lock != "" && !seen[ev.Lock] {
+			seen[ev.Lock] = true
+			changes = append(changes, notify.Change{Index: f.index, Status: f.table.Get(ev.Lock)})
+		}
+	}
 	for _, ev := range res.Events {
 		switch ev.Kind {
 		case locktable.EvSessionCreated:
@@ -92,6 +103,7 @@ func (f *fakeBackend) Propose(ctx context.Context, cmd locktable.Command) (lockt
 	}
 	f.mu.Unlock()
 	f.hub.Publish(res.Events)
+	f.watches.Publish(changes)
 	return res, nil
 }
 
@@ -108,6 +120,12 @@ func (f *fakeBackend) Keepalive(_ context.Context, id string) (int64, bool, erro
 	return ttl, ok, nil
 }
 func (f *fakeBackend) Subscribe(clientID string) *notify.Sub { return f.hub.Subscribe(clientID) }
+func (f *fakeBackend) WatchLock(name string, buf int) *notify.Watch {
+	return f.watches.WatchLock(name, buf)
+}
+func (f *fakeBackend) WatchPrefix(prefix string, buf int) *notify.Watch {
+	return f.watches.WatchPrefix(prefix, buf)
+}
 func (f *fakeBackend) NewSessionID() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -57,6 +57,10 @@ type Backend interface {
 	Keepalive(ctx context.Context, sessionID string) (ttlMs int64, ok bool, err error)
 	// Subscribe delivers committed events about a client.
 	Subscribe(clientID string) *notify.Sub
+	// WatchLock and WatchPrefix deliver the committed changes of one
+	// lock's status, or of every lock under a prefix, buffering buf.
+	WatchLock(name string, buf int) *notify.Watch
+	WatchPrefix(prefix string, buf int) *notify.Watch
 	// NewSessionID returns a fresh, unguessable session id.
 	NewSessionID() string
 	// Sign returns a fencing proof for a grant, or "" without a signing key.
@@ -733,12 +737,81 @@ func (h *Handler) getLock(w http.ResponseWriter, r *http.Request) {
 	if _, ok := h.allow(w, r, auth.Read, name, false); !ok {
 		return
 	}
+	index, wait, blocking, err := blockingParams(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	if !h.readable(w, r) {
+		return
+	}
+	stale := r.URL.Query().Get("stale") == "true"
+	if blocking {
+		h.blockingGet(w, r, name, index, wait, stale)
 		return
 	}
 	var li locktable.LockInfo
 	h.b.View(func(t *locktable.Table) { li = t.Get(name) })
-	writeJSON(w, 200, statusOf(li))
+	st := statusOf(li)
+	st.Stale = stale
+	writeJSON(w, 200, st)
+}
+
+// blockingParams reads ?index=N&wait=D (SPEC "Watches"): blocking is true
+// when index is given.
+func blockingParams(r *http.Request) (index uint64, wait time.Duration, blocking bool, err error) {
+	q := r.URL.Query()
+	wait = api.DefaultWait
+	if v := q.Get("wait"); v != "" || q.Has("wait") {
+		d, perr := time.ParseDuration(v)
+		if perr != nil || d < 0 {
+			return 0, 0, false, invalid("wait must be a duration such as 500ms, 30s or 5m, got %q", v)
+		}
+		if d > api.MaxWait {
+			return 0, 0, false, invalid("wait %s is above the limit of %s", d, api.MaxWait)
+		}
+		wait = d
+	}
+	if !q.Has("index") {
+		return 0, wait, false, nil
+	}
+	index, perr := strconv.ParseUint(q.Get("index"), 10, 64)
+	if perr != nil {
+		return 0, 0, false, invalid("index must be a log index (an unsigned integer), got %q", q.Get("index"))
+	}
+	return index, wait, true, nil
+}
+
+// blockingGet answers when a change of the lock with an index above index
+// commits, or when wait ends, with the status at that point. It answers
+// early when it cannot tell (leadership changed, the state was replaced, or
+// it fell behind): clients compare index and ask again. A parked query is a
+// goroutine blocked on its watch's channel; nothing polls.
+func (h *Handler) blockingGet(w http.ResponseWriter, r *http.Request, name string, index uint64, wait time.Duration, stale bool) {
+	// Watch before reading, so no change slips between the read and the
+	// wait.
+	wt := h.b.WatchLock(name, 1)
+	defer wt.Close()
+	var li locktable.LockInfo
+	read := func() { h.b.View(func(t *locktable.Table) { li = t.Get(name) }) }
+	read()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for li.Index <= index {
+		select {
+		case <-wt.C():
+			read()
+			continue
+		case <-wt.Resync():
+		case <-timer.C:
+		case <-r.Context().Done():
+		}
+		read()
+		break
+	}
+	st := statusOf(li)
+	st.Stale = stale
+	writeJSON(w, 200, st)
 }
 
 func (h *Handler) listLocks(w http.ResponseWriter, r *http.Request) {

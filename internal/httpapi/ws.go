@@ -48,7 +48,17 @@ type wsConn struct {
 
 	work     sync.WaitGroup // request goroutines
 	inflight chan struct{}  // bounds the requests in flight
+
+	watches   map[uint64]*notify.Watch // by watch_id (under mu)
+	nextWatch uint64
 }
+
+// Watches per connection, and the changes buffered for each before it is
+// flagged for a resync (a slow watcher never slows the leader).
+const (
+	maxWatchesPerConn = 1024
+	watchBuffer       = 256
+)
 
 // maxInflight bounds the requests one connection may have in flight; the
 // read loop waits for a slot beyond it (backpressure, not an error).
@@ -120,6 +130,10 @@ func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
 	wc.mu.Lock()
 	if wc.sub != nil {
 		wc.sub.Close()
+	}
+	for id, w := range wc.watches {
+		w.Close()
+		delete(wc.watches, id)
 	}
 	wc.mu.Unlock()
 	wc.w.close() // what the requests and pushes queued still goes out
@@ -223,6 +237,9 @@ type laneItem struct {
 // requestLocks names the locks a request takes effect on, in name order
 // (duplicates removed; validation happens when it is served).
 func requestLocks(req api.WSRequest) []string {
+	if req.Op == api.OpUnwatch || req.Op == api.OpKeepalive || req.Op == api.OpHello {
+		return nil
+	}
 	if len(req.Locks) > 0 {
 		if len(req.Locks) > api.MaxMultiLocks {
 			return nil // refused when served; it orders with nothing
@@ -288,6 +305,10 @@ func (wc *wsConn) serve(req api.WSRequest) {
 		herr = wc.keepalive(req)
 	case api.OpValue:
 		herr = wc.value(req)
+	case api.OpWatch:
+		herr = wc.watch(req)
+	case api.OpUnwatch:
+		herr = wc.unwatch(req)
 	default:
 		herr = invalid("unknown op %q", req.Op)
 	}
@@ -777,4 +798,141 @@ func (wc *wsConn) pushMulti(ev locktable.Event) {
 		r := wc.h.grantsReply(wc.client, gs)
 		wc.send(api.WSMessage{ID: p.id, Type: api.TypeGranted, Grants: r.Grants, Mode: r.Mode})
 	}
+}
+
+// watch starts a watch on one lock or on every lock under a prefix (SPEC
+// "Watches"): the reply names it, then one changed frame per lock with
+// state (for one lock: exactly one, free or not), then one per committed
+// change in log order. Requests are served on their lock's lane, so a
+// watch of one lock is in place before anything sent after it on that
+// lock takes effect.
+func (wc *wsConn) watch(req api.WSRequest) error {
+	if (req.Lock == "") == (req.Prefix == nil) {
+		return invalid("watch names either lock or prefix")
+	}
+	if req.Prefix != nil {
+		if len(*req.Prefix) > api.MaxLockName {
+			return invalid("prefix is %d bytes, a lock name at most %d", len(*req.Prefix), api.MaxLockName)
+		}
+		if wc.h.auth != nil && !wc.id.Allows(auth.Read, *req.Prefix) {
+			return &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf("token %q lacks read access to every lock under %q", wc.id.Name, *req.Prefix)}
+		}
+	} else {
+		if why := ValidLockName(req.Lock); why != "" {
+			return invalid("%s", why)
+		}
+		if wc.h.auth != nil && !wc.id.Allows(auth.Read, req.Lock) {
+			return &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf("token %q lacks read access to %q", wc.id.Name, req.Lock)}
+		}
+	}
+	var w *notify.Watch
+	wc.mu.Lock()
+	if len(wc.watches) >= maxWatchesPerConn {
+		wc.mu.Unlock()
+		return &apiError{code: api.CodeResourceExhausted, msg: fmt.Sprintf("this connection has %d watches, the limit", maxWatchesPerConn)}
+	}
+	wc.nextWatch++
+	id := wc.nextWatch
+	// Watch before reading the initial state: a change committed meanwhile
+	// is in the buffer, and dropped below if the state read shows it.
+	if req.Prefix != nil {
+		w = wc.h.b.WatchPrefix(*req.Prefix, watchBuffer)
+	} else {
+		w = wc.h.b.WatchLock(req.Lock, watchBuffer)
+	}
+	if wc.watches == nil {
+		wc.watches = map[uint64]*notify.Watch{}
+	}
+	wc.watches[id] = w
+	wc.mu.Unlock()
+	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, WatchID: id})
+	seen := wc.initialState(id, req)
+	wc.work.Add(1)
+	go wc.forward(id, w, seen)
+	return nil
+}
+
+// initialState sends the watched locks' current statuses and returns the
+// index each was read at.
+func (wc *wsConn) initialState(id uint64, req api.WSRequest) map[string]uint64 {
+	seen := map[string]uint64{}
+	send := func(li locktable.LockInfo) {
+		seen[li.Name] = li.Index
+		st := statusOf(li)
+		wc.send(api.WSMessage{Type: api.TypeChanged, WatchID: id, Lock: li.Name, Index: li.Index, Status: &st})
+	}
+	if req.Prefix == nil {
+		var li locktable.LockInfo
+		wc.h.b.View(func(t *locktable.Table) { li = t.Get(req.Lock) })
+		send(li)
+		return seen
+	}
+	after := ""
+	for wc.ctx.Err() == nil {
+		var page []locktable.LockInfo
+		var next string
+		wc.h.b.View(func(t *locktable.Table) { page, next = t.ListPage(*req.Prefix, after, api.DefaultListLimit) })
+		for _, li := range page {
+			send(li)
+		}
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	return seen
+}
+
+// forward sends a watch's changes until it is unwatched or the connection
+// ends. Per lock, indexes only rise: a change the initial state already
+// showed is dropped.
+func (wc *wsConn) forward(id uint64, w *notify.Watch, seen map[string]uint64) {
+	defer wc.work.Done()
+	for {
+		select {
+		case <-wc.ctx.Done():
+			return
+		case ch, ok := <-w.C():
+			if !ok {
+				return
+			}
+			name := ch.Status.Name
+			if at, ok := seen[name]; ok {
+				if ch.Status.Index <= at {
+					continue
+				}
+				delete(seen, name) // every later change is above it
+			}
+			if !wc.watching(id, w) {
+				return
+			}
+			st := statusOf(ch.Status)
+			wc.send(api.WSMessage{Type: api.TypeChanged, WatchID: id, Lock: name, Index: ch.Status.Index, Status: &st})
+		case <-w.Resync():
+			if !wc.watching(id, w) {
+				return
+			}
+			wc.send(api.WSMessage{Type: api.TypeResync, WatchID: id})
+		}
+	}
+}
+
+// watching reports whether watch id is still w (not unwatched).
+func (wc *wsConn) watching(id uint64, w *notify.Watch) bool {
+	wc.mu.Lock()
+	defer wc.mu.Unlock()
+	return wc.watches[id] == w
+}
+
+func (wc *wsConn) unwatch(req api.WSRequest) error {
+	wc.mu.Lock()
+	w, ok := wc.watches[req.WatchID]
+	delete(wc.watches, req.WatchID)
+	wc.mu.Unlock()
+	if !ok {
+		return &apiError{code: api.CodeNotFound, msg: fmt.Sprintf("no watch %d on this connection", req.WatchID)}
+	}
+	w.Close()
+	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, WatchID: req.WatchID})
+	return nil
 }

@@ -205,6 +205,7 @@ func (t *Table) dropIfEmpty(l *Lock) {
 	if len(l.Holders) == 0 && len(l.Waiters) == 0 && l.DelayedUntil == 0 {
 		delete(t.locks, l.Name)
 		t.names.remove(l.Name)
+		t.gone.add(l.Name, l.Index)
 	}
 }
 

@@ -116,6 +116,7 @@ func Restore(b []byte) (*Table, error) {
 	if v >= 3 {
 		t.changed = r.uvarint()
 	}
+	t.gone.floor = t.changed   // what was dropped before the snapshot changed at or below it
 	ids := map[string]string{} // client, session and owner ids, shared (internString)
 	// owner reads an owner identity; format 1 has none.
 	owner := func() string {

@@ -173,6 +173,7 @@ type Table struct {
 	memoIdx   map[memoKey]string // (lock, token) -> client id
 	applying  uint64             // log index of the command being applied; never encoded
 	changed   uint64             // log index of the last change to any lock (dropped ones too)
+	gone      freedLocks         // when recently dropped locks last changed; derived, never encoded
 	usage     map[string]*usage  // per owner identity; derived, never encoded
 	names     nameIndex          // lock names in order, for lists; derived, never encoded
 }
@@ -232,13 +233,14 @@ func (l *Lock) info() LockInfo {
 }
 
 // Get returns the state of one lock; a lock nobody holds, waits on or
-// delays is reported free, at the index of the last change to any lock (at
-// or above its own last change).
+// delays is reported free, at the index of its last change if it was
+// dropped recently, else at an index above every change the table no
+// longer remembers (freedLocks).
 func (t *Table) Get(name string) LockInfo {
 	if l, ok := t.locks[name]; ok {
 		return l.info()
 	}
-	return LockInfo{Name: name, Limit: 1, Index: t.changed}
+	return LockInfo{Name: name, Limit: 1, Index: t.gone.index(name)}
 }
 
 // LastChange is the log index of the last change to any lock, including

@@ -35,6 +35,8 @@ type fsm struct {
 	appliedCh chan struct{}
 	// maxSnapshot bounds Restore's read; 0 means MaxSnapshotBytes.
 	maxSnapshot int64
+	// watching: record the changed locks' statuses in each Effect.
+	watching atomic.Bool
 }
 
 // MaxSnapshotBytes bounds the snapshot a member reads whole into memory
@@ -96,11 +98,16 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 	f.mu.Lock()
 	res := f.table.ApplyAt(l.Index, cmd)
 	f.index = l.Index
+	ev := res.AllEvents()
+	var changed []locktable.LockInfo
+	if len(ev) > 0 && f.watching.Load() {
+		changed = changedLocks(f.table, ev)
+	}
 	f.mu.Unlock()
 	// Every member hands the committed events on, in log order, whoever
 	// proposed the entry and whether or not that proposer still waits.
-	if ev := res.AllEvents(); len(ev) > 0 {
-		f.effects(Effect{Index: l.Index, Events: ev})
+	if len(ev) > 0 {
+		f.effects(Effect{Index: l.Index, Events: ev, Changed: changed})
 	}
 	return res
 }
@@ -200,4 +207,23 @@ type Effect struct {
 	Index    uint64
 	Events   []locktable.Event
 	Restored bool
+	// Changed is the status, right after this entry, of every lock its
+	// events name (in the order first named), recorded only while someone
+	// watches (Node.SetWatching): watchers see each committed change, not
+	// whatever the state has become by the time they read it.
+	Changed []locktable.LockInfo
+}
+
+// changedLocks reads the status of every lock the events name, once each.
+func changedLocks(t *locktable.Table, events []locktable.Event) []locktable.LockInfo {
+	var out []locktable.LockInfo
+	seen := map[string]bool{}
+	for _, ev := range events {
+		if ev.Lock == "" || seen[ev.Lock] {
+			continue
+		}
+		seen[ev.Lock] = true
+		out = append(out, t.Get(ev.Lock))
+	}
+	return out
 }

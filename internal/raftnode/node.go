@@ -440,6 +440,10 @@ func (n *Node) View(fn func(t *locktable.Table)) {
 	fn(n.fsm.table)
 }
 
+// SetWatching turns on (or off) recording the status of every lock an
+// entry changes in its Effect, for watchers of lock statuses.
+func (n *Node) SetWatching(on bool) { n.fsm.watching.Store(on) }
+
 // ViewAt is View that also names the last log index the table reflects (0
 // when unknown: right after a snapshot was installed). Effects of entries
 // at or below it are already in what fn sees.

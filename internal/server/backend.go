@@ -108,6 +108,14 @@ func (s *Server) Keepalive(ctx context.Context, id string) (int64, bool, error) 
 	return ttl, ttl > 0, nil
 }
 
+// WatchLock watches the committed changes of one lock's status.
+func (s *Server) WatchLock(name string, buf int) *notify.Watch { return s.watches.WatchLock(name, buf) }
+
+// WatchPrefix watches the committed changes of every lock under a prefix.
+func (s *Server) WatchPrefix(prefix string, buf int) *notify.Watch {
+	return s.watches.WatchPrefix(prefix, buf)
+}
+
 // Subscribe delivers committed events about a client.
 func (s *Server) Subscribe(clientID string) *notify.Sub { return s.hub.Subscribe(clientID) }
 

@@ -3,6 +3,7 @@ package server
 import (
 	"sync"
 
+	"github.com/lockd/lockd/internal/locktable"
 	"github.com/lockd/lockd/internal/notify"
 	"github.com/lockd/lockd/internal/raftnode"
 )
@@ -65,9 +66,39 @@ func (s *Server) applyEffect(ef raftnode.Effect) {
 		// waiting client re-reads where it stands.
 		s.timers.Rebuild()
 		s.hub.Reset(notify.ErrResync)
+		s.watches.Reset()
 		return
 	}
 	s.timers.Observe(ef.Index, ef.Events)
 	s.hub.Publish(ef.Events)
+	s.publishChanges(ef)
 	s.metrics.observeEvents(ef.Events)
+}
+
+// publishChanges hands watchers the status of every lock the entry
+// changed. The apply loop records those statuses while anyone watches; an
+// entry applied just before the first watcher arrived has none, and its
+// changes are read now instead (a later state, whose index says so).
+func (s *Server) publishChanges(ef raftnode.Effect) {
+	if !s.watches.Watching() {
+		return
+	}
+	changes := make([]notify.Change, 0, len(ef.Changed))
+	if ef.Changed != nil {
+		for _, li := range ef.Changed {
+			changes = append(changes, notify.Change{Index: ef.Index, Status: li})
+		}
+	} else {
+		seen := map[string]bool{}
+		s.node.View(func(t *locktable.Table) {
+			for _, ev := range ef.Events {
+				if ev.Lock != "" && !seen[ev.Lock] && s.watches.Interested(ev.Lock) {
+					seen[ev.Lock] = true
+					li := t.Get(ev.Lock)
+					changes = append(changes, notify.Change{Index: li.Index, Status: li})
+				}
+			}
+		})
+	}
+	s.watches.Publish(changes)
 }

@@ -37,6 +37,7 @@ type Server struct {
 	node    *raftnode.Node
 	timers  *leader.Timers
 	hub     *notify.Hub
+	watches *notify.Watches
 	effects *effectQueue
 	metrics *metrics
 
@@ -133,6 +134,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.node = node
+	s.watches = notify.NewWatches(node.SetWatching)
 	members.node.Store(node)
 	s.timers = leader.New(leader.Config{Proposer: s, Viewer: node, Grace: cfg.ElectionTimeout,
 		Now: cfg.Now, Logger: cfg.Logger})
@@ -231,6 +233,7 @@ func (s *Server) leaderLoop() {
 		wasReady := s.ready.Swap(false)
 		s.timers.Stop()
 		s.hub.Reset(notify.ErrLeadershipLost)
+		s.watches.Reset() // blocking queries answer early after a leader change
 		if wasReady {
 			s.log.Info("leadership lost", "id", s.cfg.ID)
 		}

@@ -1,0 +1,187 @@
+package notify
+
+import (
+	"strings"
+	"sync"
+
+	"github.com/lockd/lockd/internal/locktable"
+)
+
+// Watches hands committed changes of lock statuses to watchers of one lock
+// or of a name prefix: blocking queries and WebSocket watches. Publish is
+// called by the one goroutine that follows the log, in log order, so every
+// watcher sees a lock's changes in log order.
+//
+// A parked watcher costs memory, not CPU: it is a buffered channel in two
+// maps and a goroutine blocked on it; nothing polls. A watcher that does
+// not keep up never slows the publisher: its buffer fills, further changes
+// are dropped for it and it is flagged for a resync (Watch.Resync), after
+// which it re-reads and goes on.
+type Watches struct {
+	mu       sync.Mutex
+	byLock   map[string]map[*Watch]struct{}
+	prefixes map[*Watch]struct{}
+	count    int
+	// onCount is told the number of watchers whenever it changes between
+	// zero and non-zero (the state machine adapter records statuses only
+	// while someone watches).
+	onCount func(watching bool)
+}
+
+// NewWatches returns an empty set; onCount may be nil.
+func NewWatches(onCount func(watching bool)) *Watches {
+	return &Watches{byLock: map[string]map[*Watch]struct{}{}, prefixes: map[*Watch]struct{}{}, onCount: onCount}
+}
+
+// Change is one committed change of a lock's status: the status right
+// after the entry at Index applied.
+type Change struct {
+	Index  uint64
+	Status locktable.LockInfo
+}
+
+// Watch is one watcher. Its changes arrive on C in log order; Resync
+// signals that changes were dropped (buffer full, or the state was replaced
+// or leadership changed) and the watcher must re-read.
+type Watch struct {
+	ws     *Watches
+	lock   string // one lock, or
+	prefix string // every lock under a prefix ("" with lock "" is every lock)
+	single bool
+	c      chan Change
+	resync chan struct{}
+	closed bool
+}
+
+// C delivers the changes.
+func (w *Watch) C() <-chan Change { return w.c }
+
+// Resync is signalled when changes were dropped for this watcher.
+func (w *Watch) Resync() <-chan struct{} { return w.resync }
+
+// WatchLock watches one lock, buffering up to buf changes.
+func (ws *Watches) WatchLock(lock string, buf int) *Watch {
+	w := &Watch{ws: ws, lock: lock, single: true, c: make(chan Change, buf), resync: make(chan struct{}, 1)}
+	ws.mu.Lock()
+	m := ws.byLock[lock]
+	if m == nil {
+		m = map[*Watch]struct{}{}
+		ws.byLock[lock] = m
+	}
+	m[w] = struct{}{}
+	ws.addLocked(1)
+	ws.mu.Unlock()
+	return w
+}
+
+// WatchPrefix watches every lock whose name starts with prefix.
+func (ws *Watches) WatchPrefix(prefix string, buf int) *Watch {
+	w := &Watch{ws: ws, prefix: prefix, c: make(chan Change, buf), resync: make(chan struct{}, 1)}
+	ws.mu.Lock()
+	ws.prefixes[w] = struct{}{}
+	ws.addLocked(1)
+	ws.mu.Unlock()
+	return w
+}
+
+func (ws *Watches) addLocked(n int) {
+	before := ws.count
+	ws.count += n
+	if ws.onCount != nil && (before == 0) != (ws.count == 0) {
+		ws.onCount(ws.count > 0)
+	}
+}
+
+// Close stops the watch; its channel is not closed (the owner stops
+// reading).
+func (w *Watch) Close() {
+	ws := w.ws
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if w.closed {
+		return
+	}
+	w.closed = true
+	if w.single {
+		if m := ws.byLock[w.lock]; m != nil {
+			delete(m, w)
+			if len(m) == 0 {
+				delete(ws.byLock, w.lock)
+			}
+		}
+	} else {
+		delete(ws.prefixes, w)
+	}
+	ws.addLocked(-1)
+}
+
+// Watching reports whether anyone watches.
+func (ws *Watches) Watching() bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return ws.count > 0
+}
+
+// Interested reports whether a change of lock has a watcher.
+func (ws *Watches) Interested(lock string) bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if len(ws.byLock[lock]) > 0 {
+		return true
+	}
+	for w := range ws.prefixes {
+		if strings.HasPrefix(lock, w.prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// Publish hands the changes of one committed entry to their watchers.
+func (ws *Watches) Publish(changes []Change) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.count == 0 {
+		return
+	}
+	for _, ch := range changes {
+		for w := range ws.byLock[ch.Status.Name] {
+			w.deliver(ch)
+		}
+		for w := range ws.prefixes {
+			if strings.HasPrefix(ch.Status.Name, w.prefix) {
+				w.deliver(ch)
+			}
+		}
+	}
+}
+
+func (w *Watch) deliver(ch Change) {
+	select {
+	case w.c <- ch:
+	default:
+		w.flag()
+	}
+}
+
+func (w *Watch) flag() {
+	select {
+	case w.resync <- struct{}{}:
+	default:
+	}
+}
+
+// Reset tells every watcher to re-read: the state was replaced by a
+// snapshot, or leadership changed.
+func (ws *Watches) Reset() {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	for _, m := range ws.byLock {
+		for w := range m {
+			w.flag()
+		}
+	}
+	for w := range ws.prefixes {
+		w.flag()
+	}
+}
