@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/lockd/lockd/api"
 )
 
-// AcquireOption configures Acquire, TryAcquire and Do.
+// AcquireOption configures Acquire, TryAcquire, AcquireMany,
+// TryAcquireMany and Do.
 type AcquireOption func(*acquireOptions)
 
 type acquireOptions struct {
@@ -18,6 +21,12 @@ type acquireOptions struct {
 	wait      time.Duration
 	waitSet   bool
 	autoRenew bool
+	// Lock kinds: mode "" is exclusive; limit 0 is none given (join what
+	// the lock has); lockDelay 0 is none; value nil is none.
+	mode      string
+	limit     int
+	lockDelay time.Duration
+	value     *string
 }
 
 // WithTTL gives the lock a TTL of its own on top of the session: it is lost
@@ -46,11 +55,85 @@ func WithAutoRenew() AcquireOption {
 	return func(o *acquireOptions) { o.autoRenew = true }
 }
 
+// WithShared asks for a shared grant: shared holders coexist with each
+// other, never with an exclusive one (a read-write lock: readers take it
+// WithShared, writers without). Queues are FIFO across modes, so a reader
+// that comes after a waiting writer waits behind it. Not with WithLimit
+// above 1.
+func WithShared() AcquireOption {
+	return func(o *acquireOptions) { o.mode = api.ModeShared }
+}
+
+// WithLimit makes the lock a semaphore of n permits (1–10 000): up to n
+// holders at once, each with its own fencing token (each holder's grant
+// is exclusive: it holds one permit). The first acquire that creates the
+// lock sets n; while the lock has holders or waiters, an acquire giving
+// another n fails with an error matching ErrLimitMismatch, and one without
+// WithLimit joins whatever the lock has. A client holds at most one permit
+// of a lock (acquire is idempotent per client ID). Not with AcquireMany,
+// which takes limit-1 locks only.
+func WithLimit(n int) AcquireOption {
+	return func(o *acquireOptions) { o.limit = n }
+}
+
+// WithLockDelay sets the grant's lock-delay (0–60s): when the grant ends
+// without a release — its TTL runs out, the session expires, or it is
+// revoked — the server grants the lock to no one until d has passed, so
+// that a holder cut off from the cluster (which may still be writing) has
+// time to notice its loss before the next holder starts. A release,
+// Client.Close included, applies no delay.
+func WithLockDelay(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.lockDelay = d }
+}
+
+// WithValue gives the grant a value (a UTF-8 string of at most 4096
+// bytes) that the lock's status shows to everyone: who the holder is, or
+// where to reach it (the leader of an election). The holder changes it
+// with Lock.SetValue.
+func WithValue(v string) AcquireOption {
+	return func(o *acquireOptions) { o.value = &v }
+}
+
+// check reports an option out of the SPEC's ranges before anything is
+// sent.
+func (o *acquireOptions) check(multi bool) error {
+	if o.waitSet && (o.wait < 0 || o.wait > api.MaxWaitTimeoutMs*time.Millisecond) {
+		return fmt.Errorf("lockd: wait timeout %v out of range 0–10m", o.wait)
+	}
+	if o.limit < 0 || o.limit > api.MaxLimit {
+		return fmt.Errorf("lockd: limit %d out of range 1–%d", o.limit, api.MaxLimit)
+	}
+	if o.mode == api.ModeShared && o.limit > 1 {
+		return fmt.Errorf("lockd: a shared lock has no limit above 1 (got %d)", o.limit)
+	}
+	if multi && o.limit > 1 {
+		return fmt.Errorf("lockd: AcquireMany takes limit-1 locks only (got limit %d)", o.limit)
+	}
+	if o.lockDelay < 0 || o.lockDelay > api.MaxLockDelayMs*time.Millisecond {
+		return fmt.Errorf("lockd: lock-delay %v out of range 0–1m", o.lockDelay)
+	}
+	if o.value != nil {
+		if err := checkValue(*o.value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkValue(v string) error {
+	if len(v) > api.MaxValueBytes || !utf8.ValidString(v) {
+		return fmt.Errorf("lockd: a value is valid UTF-8 of at most %d bytes (got %d bytes)", api.MaxValueBytes, len(v))
+	}
+	return nil
+}
+
 // acquireOp is an acquire waiting for its grant. It outlives a connection:
 // it is re-sent on the next one (with the wait time left) and keeps its
 // place, because acquire is idempotent per client ID.
 type acquireOp struct {
-	name string
+	// names are the lock, or the locks of a multi-acquire in name order;
+	// the op is pending under each of them in Client.ops.
+	names []string
 	acquireOptions
 	try      bool
 	deadline time.Time       // end of an explicit wait
@@ -74,9 +157,21 @@ type acquireOp struct {
 	reqID  uint64
 	sentAt time.Time
 
-	done chan struct{}
-	lock *Lock
-	err  error
+	done  chan struct{}
+	locks []*Lock // one per name
+	err   error
+}
+
+func (op *acquireOp) multi() bool { return len(op.names) > 1 }
+
+// what names the op's lock(s) in messages.
+func (op *acquireOp) what() string { return describe(op.names) }
+
+func describe(names []string) string {
+	if len(names) == 1 {
+		return fmt.Sprintf("lock %q", names[0])
+	}
+	return fmt.Sprintf("locks %q", names)
 }
 
 // waitSlack is how long past an explicit wait deadline Acquire still waits
@@ -93,30 +188,99 @@ const waitSlack = time.Second
 // of that name in the background (see Lock.Release), Acquire waits for that
 // first, at most Config.CloseTimeout.
 func (c *Client) Acquire(ctx context.Context, name string, opts ...AcquireOption) (*Lock, error) {
-	var o acquireOptions
-	for _, f := range opts {
-		f(&o)
+	ls, err := c.acquire(ctx, []string{name}, options(opts), false)
+	if err != nil {
+		return nil, err
 	}
-	return c.acquire(ctx, name, o, false)
+	return ls[0], nil
 }
 
 // TryAcquire takes lock name if it is free now; otherwise the error matches
 // ErrLockHeld. It still waits for a connection to the leader within ctx.
+// A lock that is free but has waiters (or a running lock-delay) is not
+// free: FIFO order comes first.
 func (c *Client) TryAcquire(ctx context.Context, name string, opts ...AcquireOption) (*Lock, error) {
+	ls, err := c.acquire(ctx, []string{name}, options(opts), true)
+	if err != nil {
+		return nil, err
+	}
+	return ls[0], nil
+}
+
+// AcquireMany takes every lock of names in one step, or none of them (a
+// multi-acquire: 2–64 distinct names of limit-1 locks; one name is
+// Acquire). It waits as Acquire does: in every lock's queue at once, and
+// is granted when it heads every queue and every lock is free, so two
+// AcquireMany calls of overlapping names, in whatever order, never
+// deadlock. WithShared applies to every lock; WithLimit above 1 is
+// refused.
+//
+// It returns one Lock per name, in name order (not the order of names),
+// each with its own fencing token. They share one fate: when any of them
+// is lost — its TTL or local lease runs out, it is revoked, the session
+// ends — Lost closes on all of them, with that cause (errors.Is matches
+// it on each), and the client releases the others in the background. A
+// Release of one of them is that lock's alone: the others stay held, and
+// each is renewed on its own.
+//
+// A refused try matches ErrLockHeld, and its *ServerError names the first
+// blocking lock (Lock) and its holder (Holder); a lock with limit > 1
+// gives ErrLimitMismatch.
+func (c *Client) AcquireMany(ctx context.Context, names []string, opts ...AcquireOption) ([]*Lock, error) {
+	ns, err := lockSet(names)
+	if err != nil {
+		return nil, err
+	}
+	return c.acquire(ctx, ns, options(opts), false)
+}
+
+// TryAcquireMany is AcquireMany without waiting: every lock if all are
+// free now, else none, and an error matching ErrLockHeld that names the
+// first blocking lock (ServerError.Lock).
+func (c *Client) TryAcquireMany(ctx context.Context, names []string, opts ...AcquireOption) ([]*Lock, error) {
+	ns, err := lockSet(names)
+	if err != nil {
+		return nil, err
+	}
+	return c.acquire(ctx, ns, options(opts), true)
+}
+
+func options(opts []AcquireOption) acquireOptions {
 	var o acquireOptions
 	for _, f := range opts {
 		f(&o)
 	}
-	o.wait, o.waitSet = 0, true
-	return c.acquire(ctx, name, o, true)
+	return o
 }
 
-func (c *Client) acquire(ctx context.Context, name string, o acquireOptions, try bool) (*Lock, error) {
-	if name == "" {
+// lockSet checks a multi-acquire's names and sorts a copy of them.
+func lockSet(names []string) ([]string, error) {
+	if len(names) == 0 || len(names) > api.MaxMultiLocks {
+		return nil, fmt.Errorf("lockd: AcquireMany takes 1–%d names, got %d", api.MaxMultiLocks, len(names))
+	}
+	ns := slices.Clone(names)
+	slices.Sort(ns)
+	for i, n := range ns {
+		if n == "" {
+			return nil, errors.New("lockd: empty lock name")
+		}
+		if i > 0 && ns[i-1] == n {
+			return nil, fmt.Errorf("lockd: AcquireMany names lock %q twice", n)
+		}
+	}
+	return ns, nil
+}
+
+// acquire takes names (one, or a multi-acquire's in name order).
+func (c *Client) acquire(ctx context.Context, names []string, o acquireOptions, try bool) ([]*Lock, error) {
+	if len(names) == 1 && names[0] == "" {
 		return nil, errors.New("lockd: empty lock name")
 	}
-	if o.waitSet && (o.wait < 0 || o.wait > api.MaxWaitTimeoutMs*time.Millisecond) {
-		return nil, fmt.Errorf("lockd: wait timeout %v out of range 0–10m", o.wait)
+	if try {
+		o.wait, o.waitSet = 0, true
+	}
+	if err := o.check(len(names) > 1); err != nil {
+		return nil, err
 	}
 	start := time.Now()
 	var op *acquireOp
@@ -128,20 +292,34 @@ func (c *Client) acquire(ctx context.Context, name string, o acquireOptions, try
 		}
 		var busy <-chan struct{}
 		releasing := false
-		if l := c.locks[name]; l != nil {
-			busy = l.lost
-		} else if c.releasing[name] > 0 {
-			// The server would answer with the grant being released (same
-			// token), and the release would then end it.
-			busy, releasing = c.relCh, true
-		} else if p := c.ops[name]; p != nil && !p.abandoned {
-			busy = p.done
-		} else {
-			if p != nil {
-				op = p // an abandoned wait: adopt it, it keeps its place
-			} else {
-				op = &acquireOp{name: name, done: make(chan struct{})}
-				c.ops[name] = op
+		var adopt *acquireOp
+		for _, name := range names {
+			if l := c.locks[name]; l != nil {
+				busy = l.lost
+			} else if c.releasing[name] > 0 {
+				// The server would answer with the grant being released (same
+				// token), and the release would then end it.
+				busy, releasing = c.relCh, true
+			} else if p := c.ops[name]; p != nil {
+				if !p.abandoned || !slices.Equal(p.names, names) {
+					// Pending for a caller, or an abandoned wait of other
+					// names, which the server would not take as a retry.
+					busy = p.done
+				} else {
+					adopt = p // an abandoned wait: adopt it, it keeps its place
+				}
+			}
+			if busy != nil {
+				break
+			}
+		}
+		if busy == nil {
+			op = adopt
+			if op == nil {
+				op = &acquireOp{names: names, done: make(chan struct{})}
+				for _, name := range names {
+					c.ops[name] = op
+				}
 			}
 			op.acquireOptions, op.try, op.ctx, op.abandoned = o, try, ctx, false
 			op.deadline = start.Add(o.wait)
@@ -155,7 +333,7 @@ func (c *Client) acquire(ctx context.Context, name string, o acquireOptions, try
 		}
 		c.mu.Unlock()
 		if try && !releasing {
-			return nil, fmt.Errorf("%w: lock %q: held or awaited by this client", ErrLockHeld, name)
+			return nil, fmt.Errorf("%w: %s: held or awaited by this client", ErrLockHeld, describe(names))
 		}
 		select {
 		case <-busy:
@@ -174,13 +352,13 @@ func (c *Client) acquire(ctx context.Context, name string, o acquireOptions, try
 	}
 	select {
 	case <-op.done:
-		return op.lock, op.err
+		return op.locks, op.err
 	case <-ctx.Done():
 		c.abandon(op)
 		return nil, ctx.Err()
 	case <-timeout:
 		c.abandon(op)
-		return nil, fmt.Errorf("%w: lock %q: no answer from the leader within the wait", ErrWaitTimeout, name)
+		return nil, fmt.Errorf("%w: %s: no answer from the leader within the wait", ErrWaitTimeout, op.what())
 	}
 }
 
@@ -192,8 +370,10 @@ func (c *Client) abandon(op *acquireOp) {
 	defer c.mu.Unlock()
 	select {
 	case <-op.done:
-		if l := op.lock; l != nil && l.err == nil {
-			c.goLocked(func() { c.releaseQuietly(l) })
+		for _, l := range op.locks {
+			if l.err == nil {
+				c.goLocked(func() { c.releaseQuietly(l) })
+			}
 		}
 	default:
 		op.abandoned = true
@@ -240,19 +420,33 @@ func (c *Client) prepAcquireLocked(op *acquireOp, force bool) []byte {
 	}
 	wait = min(max(wait, 0), api.MaxWaitTimeoutMs*time.Millisecond)
 	waitMs := wait.Milliseconds()
-	req := api.WSRequest{ID: op.reqID, Op: api.OpAcquire, Lock: op.name, WaitTimeoutMs: &waitMs}
+	req := api.WSRequest{ID: op.reqID, Op: api.OpAcquire, WaitTimeoutMs: &waitMs, Mode: op.mode, Value: op.value}
+	if op.multi() {
+		req.Locks = op.names
+	} else {
+		req.Lock = op.names[0]
+		if op.limit > 0 {
+			n := int64(op.limit)
+			req.Limit = &n
+		}
+	}
 	if op.ttl > 0 {
 		req.TTLms = ms(op.ttl)
 		op.lastTTL = op.ttl
+	}
+	if op.lockDelay > 0 {
+		req.LockDelayMs = ms(op.lockDelay)
 	}
 	data, _ := json.Marshal(&req)
 	return data
 }
 
 // finishLocked resolves op.
-func (c *Client) finishLocked(op *acquireOp, l *Lock, err error) {
-	if c.ops[op.name] == op {
-		delete(c.ops, op.name)
+func (c *Client) finishLocked(op *acquireOp, ls []*Lock, err error) {
+	for _, name := range op.names {
+		if c.ops[name] == op {
+			delete(c.ops, name)
+		}
 	}
 	delete(c.opByID, op.reqID)
 	select {
@@ -260,11 +454,22 @@ func (c *Client) finishLocked(op *acquireOp, l *Lock, err error) {
 		return
 	default:
 	}
-	op.lock, op.err = l, err
+	op.locks, op.err = ls, err
 	close(op.done)
-	if op.abandoned && l != nil {
-		c.releaseLaterLocked(l)
+	if op.abandoned {
+		for _, l := range ls {
+			c.releaseLaterLocked(l)
+		}
 	}
+}
+
+// grants are the grants a granted frame carries: a multi-acquire's, or
+// the one of the older fields.
+func grants(m *api.WSMessage) []api.Grant {
+	if len(m.Grants) > 0 {
+		return m.Grants
+	}
+	return []api.Grant{{Lock: m.Lock, FencingToken: m.FencingToken, ExpiresAt: m.ExpiresAt, Mode: m.Mode, FencingProof: m.FencingProof}}
 }
 
 // onGrantedLocked takes a grant for a pending acquire. The lock's lease is
@@ -277,40 +482,85 @@ func (c *Client) finishLocked(op *acquireOp, l *Lock, err error) {
 // Acquire (a resend without ttl_ms keeps the queued TTL), a grant pushed
 // under a later request than the one it answers, a late grant whose lease
 // is mostly spent — a renew with an explicit TTL confirms the lease before
-// the lock is handed out (see confirmLease).
+// the lock is handed out (see confirmLease). A multi-acquire's grants are
+// taken, or confirmed, together.
 func (c *Client) onGrantedLocked(cs *wsConn, m *api.WSMessage) []func() {
+	gs := grants(m)
+	names := make([]string, len(gs))
+	for i, g := range gs {
+		names[i] = g.Lock
+	}
+	slices.Sort(names)
 	op := c.opByID[m.ID]
 	if op == nil {
-		if p := c.ops[m.Lock]; p != nil {
+		if p := c.ops[names[0]]; p != nil {
 			op = p // a grant answering an earlier request of the same wait
 		}
 	}
-	if op == nil || op.name != m.Lock {
-		if l := c.locks[m.Lock]; l != nil && l.token == m.FencingToken {
-			return nil // a repeat of a grant we hold
+	if op == nil || !slices.Equal(op.names, names) {
+		for _, g := range gs {
+			if l := c.locks[g.Lock]; l != nil && l.token == g.FencingToken {
+				continue // a repeat of a grant we hold
+			}
+			// A grant nobody waits for (its wait was given up): hand it back.
+			c.releaseLaterLocked(&Lock{c: c, name: g.Lock, token: g.FencingToken, sess: cs.sess, lost: make(chan struct{})})
 		}
-		// A grant nobody waits for (its wait was given up): hand it back.
-		c.releaseLaterLocked(&Lock{c: c, name: m.Lock, token: m.FencingToken, sess: cs.sess, lost: make(chan struct{})})
 		return nil
 	}
 	if op.confirming {
 		return nil // a repeat of the grant being confirmed
 	}
-	exp, _ := api.ParseTime(m.ExpiresAt)
-	l := &Lock{
-		c:         c,
-		name:      m.Lock,
-		token:     m.FencingToken,
-		proof:     m.FencingProof,
-		sess:      op.sess,
-		lost:      make(chan struct{}),
-		expiresAt: exp,
+	ls := make([]*Lock, 0, len(gs))
+	withTTL := false
+	for _, name := range op.names { // in name order
+		for _, g := range gs {
+			if g.Lock != name {
+				continue
+			}
+			exp, _ := api.ParseTime(g.ExpiresAt)
+			withTTL = withTTL || !exp.IsZero()
+			mode := g.Mode
+			if mode == "" {
+				mode = m.Mode
+			}
+			if mode == "" {
+				mode = api.ModeExclusive
+				if op.mode != "" {
+					mode = op.mode
+				}
+			}
+			l := &Lock{
+				c:         c,
+				name:      g.Lock,
+				token:     g.FencingToken,
+				proof:     g.FencingProof,
+				mode:      mode,
+				sess:      op.sess,
+				lost:      make(chan struct{}),
+				expiresAt: exp,
+			}
+			if op.value != nil {
+				l.value = *op.value
+			}
+			ls = append(ls, l)
+			break
+		}
+	}
+	if op.multi() {
+		g := &lockGroup{locks: ls}
+		for _, l := range ls {
+			l.group = g
+		}
 	}
 	switch {
-	case exp.IsZero() || op.abandoned:
+	case !withTTL || op.abandoned:
 		// Bound to the session only; or released at once.
 	case op.sends == 1 && op.ttl > 0 && m.ID == op.reqID && time.Since(op.sentAt) <= op.ttl/2:
-		l.ttl, l.deadline = op.ttl, op.sentAt.Add(op.ttl)
+		for _, l := range ls {
+			if !l.expiresAt.IsZero() {
+				l.ttl, l.deadline = op.ttl, op.sentAt.Add(op.ttl)
+			}
+		}
 	default:
 		ttl := op.ttl
 		if ttl == 0 {
@@ -323,19 +573,44 @@ func (c *Client) onGrantedLocked(cs *wsConn, m *api.WSMessage) []func() {
 		}
 		op.confirming = true
 		delete(c.opByID, op.reqID)
-		c.goLocked(func() { c.confirmLease(op, l, ttl) })
+		c.goLocked(func() { c.confirmLease(op, ls, ttl) })
 		return nil
 	}
-	c.grantLocked(op, l)
+	c.grantLocked(op, ls)
 	return nil
 }
 
-// confirmLease renews l, just granted to op, with an explicit ttl and
-// hands it out with the lease the answer confirms: from the renew's send
-// time, for ttl. The renew's answer is the reply to that very request, so
-// it says exactly which TTL the server holds and from when.
-func (c *Client) confirmLease(op *acquireOp, l *Lock, ttl time.Duration) {
-	m, sent, err := c.roundTrip(c.ctx, op.sess, &api.WSRequest{Op: api.OpRenew, Lock: l.name, FencingToken: l.token, TTLms: ms(ttl)})
+// confirmLease renews ls, just granted to op, with an explicit ttl and
+// hands them out with the lease the answers confirm: from each renew's
+// send time, for ttl. A renew's answer is the reply to that very request,
+// so it says exactly which TTL the server holds and from when. When one
+// lock of a multi-acquire cannot be confirmed, the others are released.
+func (c *Client) confirmLease(op *acquireOp, ls []*Lock, ttl time.Duration) {
+	type confirmed struct {
+		sent time.Time
+		exp  time.Time
+	}
+	got := make([]confirmed, len(ls))
+	var err error
+	for i, l := range ls {
+		m, sent, rerr := c.roundTrip(c.ctx, op.sess, &api.WSRequest{Op: api.OpRenew, Lock: l.name, FencingToken: l.token, TTLms: ms(ttl)})
+		switch {
+		case rerr != nil:
+			err = rerr
+		case m.Type == api.TypeOK:
+			got[i].sent = sent
+			if exp, perr := api.ParseTime(m.ExpiresAt); perr == nil && !exp.IsZero() {
+				got[i].exp = exp
+			}
+		case m.Type == api.TypeError:
+			err = fmt.Errorf("lockd: lock %q was granted (token %d) but lost before its lease was confirmed: %w", l.name, l.token, serverError(m.Error, 0))
+		default:
+			err = fmt.Errorf("lockd: renew: unexpected reply %q", m.Type)
+		}
+		if err != nil {
+			break
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	select {
@@ -343,37 +618,42 @@ func (c *Client) confirmLease(op *acquireOp, l *Lock, ttl time.Duration) {
 		return // ended meanwhile: the session was lost, or the client closed
 	default:
 	}
-	switch {
-	case err != nil:
-		c.finishLocked(op, nil, err)
-	case m.Type == api.TypeOK:
-		l.ttl, l.deadline = ttl, sent.Add(ttl)
-		if exp, perr := api.ParseTime(m.ExpiresAt); perr == nil && !exp.IsZero() {
-			l.expiresAt = exp
+	if err != nil {
+		if op.multi() && !op.sess.lost {
+			for _, l := range ls {
+				c.releaseLaterLocked(l)
+			}
 		}
-		c.grantLocked(op, l)
-	case m.Type == api.TypeError:
-		c.finishLocked(op, nil, fmt.Errorf("lockd: lock %q was granted (token %d) but lost before its lease was confirmed: %w", l.name, l.token, serverError(m.Error, 0)))
-	default:
-		c.finishLocked(op, nil, fmt.Errorf("lockd: renew: unexpected reply %q", m.Type))
+		c.finishLocked(op, nil, err)
+		return
 	}
+	for i, l := range ls {
+		l.ttl, l.deadline = ttl, got[i].sent.Add(ttl)
+		if !got[i].exp.IsZero() {
+			l.expiresAt = got[i].exp
+		}
+	}
+	c.grantLocked(op, ls)
 }
 
-// grantLocked hands l to op's caller, or releases it if op was abandoned.
-func (c *Client) grantLocked(op *acquireOp, l *Lock) {
+// grantLocked hands ls to op's caller, or releases them if op was
+// abandoned.
+func (c *Client) grantLocked(op *acquireOp, ls []*Lock) {
 	if !op.abandoned {
-		c.locks[l.name] = l
-		if l.ttl > 0 && (op.autoRenew || op.ttl == 0) {
-			c.goLocked(func() { c.autoRenew(l) })
+		for _, l := range ls {
+			c.locks[l.name] = l
+			if l.ttl > 0 && (op.autoRenew || op.ttl == 0) {
+				c.goLocked(func() { c.autoRenew(l) })
+			}
 		}
 		c.kickLease()
 	}
-	c.finishLocked(op, l, nil)
+	c.finishLocked(op, ls, nil)
 }
 
 func (c *Client) onAcquireErrorLocked(cs *wsConn, op *acquireOp, m *api.WSMessage) []func() {
 	se := serverError(m.Error, 0)
-	se.Leader = m.Leader
+	se.Leader, se.Holder, se.Lock = m.Leader, m.Holder, m.Lock
 	var err error = se
 	switch se.API.Code {
 	case api.CodeSessionExpired:
@@ -393,7 +673,7 @@ func (c *Client) onAcquireErrorLocked(cs *wsConn, op *acquireOp, m *api.WSMessag
 		}
 	case api.CodeLockHeld:
 		if !op.try {
-			err = waitTimeoutErr(op.name, se)
+			err = waitTimeoutErr(op.what(), se)
 		}
 	}
 	if op.resent && (se.API.Code == api.CodeLockHeld || se.API.Code == api.CodeWaitTimeout) {

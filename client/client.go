@@ -149,6 +149,20 @@ func (c *Client) Err() error {
 // API returns the plain HTTP client on the same endpoints and HTTP client.
 func (c *Client) API() *API { return c.api }
 
+// Revoke ends the grants of lock name, held by any client: every grant, or
+// with token > 0 only that one (an admin operation: it needs a token with
+// admin access when the cluster runs with tokens). It goes over HTTP (see
+// API.Revoke). The holders' Lost closes with ErrRevoked, lock-delays
+// apply, and waiters are granted. It returns the tokens revoked (none for
+// a lock without holders); a token that names no current grant gives
+// ErrNotHolder.
+func (c *Client) Revoke(ctx context.Context, name string, token uint64) ([]uint64, error) {
+	if name == "" {
+		return nil, errors.New("lockd: empty lock name")
+	}
+	return c.api.Revoke(ctx, name, token)
+}
+
 // Close ends the client. It deletes the session on the server (which
 // releases every lock the session holds and drops its waits, in one step),
 // closes Lost of every lock and Done with ErrClosed, fails pending acquires

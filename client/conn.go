@@ -595,9 +595,12 @@ func (c *Client) onLostLocked(m *api.WSMessage) {
 		return
 	}
 	var cause error
-	if m.Reason == api.ReasonExpired {
+	switch m.Reason {
+	case api.ReasonExpired:
 		cause = fmt.Errorf("%w: lock %q token %d", ErrLockExpired, l.name, l.token)
-	} else {
+	case api.ReasonRevoked:
+		cause = fmt.Errorf("%w: lock %q token %d", ErrRevoked, l.name, l.token)
+	default:
 		cause = fmt.Errorf("%w: lock %q token %d lost (%s)", ErrNotHolder, l.name, l.token, m.Reason)
 	}
 	l.loseLocked(cause)

@@ -46,10 +46,21 @@
 // the status of each lock it holds from the leader and closes Lost of those
 // it no longer holds (and takes an earlier expiry the leader reports).
 //
+// # Lock kinds
+//
+// Options choose the kind of a lock: WithShared for the readers of a
+// read-write lock, WithLimit for a semaphore of n permits, WithLockDelay
+// to keep a lock from everyone for a while after its grant ends without a
+// release, WithValue to publish a value with the grant (Lock.SetValue
+// changes it). AcquireMany takes several locks in one step or none; the
+// locks it returns share one fate (see Lock.Lost). Client.Revoke ends
+// grants as an administrator; their holders see ErrRevoked.
+//
 // # Errors
 //
 // Errors match the package's sentinels with errors.Is (ErrLockHeld,
-// ErrWaitTimeout, ErrNotHolder, ErrSessionExpired, ErrNoLeader, ...); an
+// ErrWaitTimeout, ErrNotHolder, ErrSessionExpired, ErrNoLeader,
+// ErrLimitMismatch, ErrResourceExhausted, ...); an
 // error reply of the server is a *ServerError that also unwraps to the wire
 // *api.Error.
 //

@@ -39,6 +39,20 @@ var (
 	ErrLeaseExpired = errors.New("lockd: local lease ran out before the leader confirmed it")
 	// ErrLockExpired: the server expired the lock's own TTL.
 	ErrLockExpired = errors.New("lockd: lock TTL expired")
+	// ErrRevoked: the grant was revoked (DELETE /api/v1/locks/{name}, an
+	// admin operation, or Client.Revoke): the server pushed "lost" with
+	// reason revoked. Lost closes with this cause.
+	ErrRevoked = errors.New("lockd: lock revoked")
+	// ErrLimitMismatch: an acquire named another semaphore size
+	// (WithLimit) than the lock has while it has holders or waiters, asked
+	// for a shared grant of a semaphore, or named a semaphore in a
+	// multi-acquire (HTTP 409 limit_mismatch).
+	ErrLimitMismatch = errors.New("lockd: the lock has another limit")
+	// ErrResourceExhausted: a quota of the cluster is used up (HTTP 429
+	// resource_exhausted; the message names the quota): sessions in the
+	// cluster, waiters per lock, locks and waits per session, locks in the
+	// table. Nothing changed; retry once something was released.
+	ErrResourceExhausted = errors.New("lockd: resource exhausted")
 	// ErrReleased: the lock was released by this client.
 	ErrReleased = errors.New("lockd: lock released")
 	// ErrClosed: the Client was closed.
@@ -79,6 +93,10 @@ type ServerError struct {
 	// Holder names the current holder in a lock_held reply, when the server
 	// tells.
 	Holder string
+	// Lock names the lock that refused a multi-acquire (the first
+	// blocking one of lock_held, the semaphore of limit_mismatch), when
+	// the server tells.
+	Lock string
 	// Leader is the leader's HTTP URL a not_leader reply pointed to.
 	Leader string
 
@@ -90,8 +108,13 @@ func (e *ServerError) Error() string {
 	if e.API.Message != "" {
 		s += ": " + e.API.Message
 	}
-	if e.Holder != "" {
+	switch {
+	case e.Lock != "" && e.Holder != "":
+		s += " (lock " + e.Lock + " held by " + e.Holder + ")"
+	case e.Holder != "":
 		s += " (held by " + e.Holder + ")"
+	case e.Lock != "":
+		s += " (lock " + e.Lock + ")"
 	}
 	return s
 }
@@ -121,6 +144,10 @@ func sentinel(code string) error {
 		return ErrUnauthenticated
 	case api.CodePermissionDenied:
 		return ErrPermissionDenied
+	case api.CodeLimitMismatch:
+		return ErrLimitMismatch
+	case api.CodeResourceExhausted:
+		return ErrResourceExhausted
 	}
 	return nil
 }
@@ -140,7 +167,7 @@ func serverError(e *api.Error, status int) *ServerError {
 
 // waitTimeoutErr is the error of a wait that a resend (after a reconnect,
 // with no wait time left) found still held: from the caller's side the wait
-// timed out.
-func waitTimeoutErr(lock string, cause error) error {
-	return fmt.Errorf("%w: lock %q (%v)", ErrWaitTimeout, lock, cause)
+// timed out. what names the lock(s).
+func waitTimeoutErr(what string, cause error) error {
+	return fmt.Errorf("%w: %s (%v)", ErrWaitTimeout, what, cause)
 }

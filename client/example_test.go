@@ -137,3 +137,112 @@ func Example() {
 	// someone-else: lockd: lock_held: lock jobs/nightly not acquired (held by example)
 	// released; lost: lockd: lock released
 }
+
+// A read-write lock: readers hold it WithShared, together; a writer holds
+// it alone. Queues are FIFO across modes, so a writer waiting behind
+// readers is not overtaken by readers that come after it.
+func ExampleWithShared() {
+	ctx := context.Background()
+	c, err := client.New(ctx, client.Config{Endpoints: []string{"http://127.0.0.1:7070"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	read := func() error {
+		l, err := c.Acquire(ctx, "catalog", client.WithShared(), client.WithWaitTimeout(10*time.Second))
+		if err != nil {
+			return err
+		}
+		defer l.Release(ctx)
+		return readCatalog(ctx, l) // l.Mode() == api.ModeShared
+	}
+	write := func() error {
+		l, err := c.Acquire(ctx, "catalog", client.WithWaitTimeout(10*time.Second))
+		if err != nil {
+			return err
+		}
+		defer l.Release(ctx)
+		// A resource server that checks proofs refuses a shared grant's
+		// writes: only the exclusive holder's token writes.
+		return writeCatalog(ctx, l)
+	}
+	if err := read(); err != nil {
+		log.Print(err)
+	}
+	if err := write(); err != nil {
+		log.Print(err)
+	}
+}
+
+func readCatalog(ctx context.Context, l *client.Lock) error  { return nil }
+func writeCatalog(ctx context.Context, l *client.Lock) error { return nil }
+
+// A semaphore: at most 4 exports run at once across the fleet, each with
+// a fencing token of its own. Every client names the same limit; one that
+// names another gets ErrLimitMismatch while the lock is in use.
+func ExampleWithLimit() {
+	ctx := context.Background()
+	c, err := client.New(ctx, client.Config{Endpoints: []string{"http://127.0.0.1:7070"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	err = c.Do(ctx, "exports", func(ctx context.Context, token uint64) error {
+		return runExport(ctx, token)
+	}, client.WithLimit(4), client.WithWaitTimeout(time.Minute))
+	switch {
+	case errors.Is(err, client.ErrWaitTimeout):
+		log.Print("4 exports are running; try later")
+	case errors.Is(err, client.ErrLimitMismatch):
+		log.Print("the exports lock is in use with another limit")
+	}
+}
+
+func runExport(ctx context.Context, token uint64) error { return nil }
+
+// A money transfer holds both accounts at once: AcquireMany takes every
+// lock in one step or none, in a single queue position per lock, so two
+// transfers between the same accounts in opposite directions cannot
+// deadlock. The locks come back in name order and share one fate: if one
+// is lost, Lost closes on both.
+func ExampleClient_AcquireMany() {
+	fake := lockdtest.New(lockdtest.Options{})
+	defer fake.Close()
+	ctx := context.Background()
+	c, err := client.New(ctx, client.Config{Endpoints: fake.URLs(), ClientID: "payments"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	transfer := func(from, to string, cents int) error {
+		ls, err := c.AcquireMany(ctx, []string{"accounts/" + from, "accounts/" + to}, client.WithWaitTimeout(5*time.Second))
+		if err != nil {
+			return err
+		}
+		defer func() {
+			for _, l := range ls {
+				l.Release(ctx)
+			}
+		}()
+		for _, l := range ls {
+			fmt.Printf("holding %s with token %d\n", l.Name(), l.Token())
+		}
+		select {
+		case <-ls[0].Lost(): // the same as ls[1].Lost()
+			return ls[0].Err()
+		default:
+		}
+		// Debit and credit here, each write fenced with its account's
+		// token (Lock.Fence).
+		return nil
+	}
+	if err := transfer("bob", "alice", 500); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// holding accounts/alice with token 1
+	// holding accounts/bob with token 2
+}

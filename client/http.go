@@ -134,6 +134,7 @@ func (a *API) candidates() []string {
 type errorBody struct {
 	Error  *api.Error `json:"error"`
 	Holder string     `json:"holder"`
+	Lock   string     `json:"lock"`
 	Leader string     `json:"leader"`
 }
 
@@ -146,7 +147,7 @@ func replyError(status int, data []byte, fallback string) *ServerError {
 		eb.Error = &api.Error{Code: codeForStatus(status), Message: fallback}
 	}
 	se := serverError(eb.Error, status)
-	se.Holder, se.Leader = eb.Holder, eb.Leader
+	se.Holder, se.Lock, se.Leader = eb.Holder, eb.Lock, eb.Leader
 	return se
 }
 
@@ -365,6 +366,8 @@ func codeForStatus(status int) string {
 		return api.CodeNotFound
 	case 413:
 		return api.CodePayloadTooLarge
+	case 429:
+		return api.CodeResourceExhausted
 	case 503:
 		return api.CodeNoLeader
 	}
@@ -417,10 +420,68 @@ func (a *API) AcquireRequest(ctx context.Context, name string, req api.AcquireRe
 	if errors.As(err, &se) && se.Holder == "" {
 		se.Holder = rep.Holder
 	}
+	if se != nil && se.Lock == "" {
+		se.Lock = rep.Lock
+	}
 	if err != nil {
 		return nil, err
 	}
 	return &rep, nil
+}
+
+// AcquireMany takes every lock of req.Locks in one step, or none (POST
+// /api/v1/acquire; 2–64 distinct names of limit-1 locks). The reply's
+// Grants are in name order. A refused try matches ErrLockHeld and its
+// *ServerError names the first blocking lock (Lock) and its holder
+// (Holder); a semaphore among the names gives ErrLimitMismatch. ctx must
+// outlast the wait.
+func (a *API) AcquireMany(ctx context.Context, req api.MultiAcquireRequest) (*api.AcquireReply, error) {
+	var rep api.AcquireReply
+	err := a.do(ctx, http.MethodPost, "/api/v1/acquire", req, &rep)
+	var se *ServerError
+	if errors.As(err, &se) {
+		if se.Holder == "" {
+			se.Holder = rep.Holder
+		}
+		if se.Lock == "" {
+			se.Lock = rep.Lock
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &rep, nil
+}
+
+// Revoke ends the grants of lock name (DELETE /api/v1/locks/{name}; admin
+// access when the cluster runs with tokens): every grant, or with token >
+// 0 only that one. The holders are pushed "lost" with reason revoked
+// (their Lost closes with ErrRevoked), lock-delays apply, and waiters are
+// granted. It returns the tokens revoked (none for a lock without
+// holders); a token that names no current grant gives ErrNotHolder.
+func (a *API) Revoke(ctx context.Context, name string, token uint64) ([]uint64, error) {
+	p := lockPath(name, "")
+	if token > 0 {
+		p += "?fencing_token=" + strconv.FormatUint(token, 10)
+	}
+	var rep api.RevokeReply
+	if err := a.do(ctx, http.MethodDelete, p, nil, &rep); err != nil {
+		return nil, err
+	}
+	if rep.Revoked == nil {
+		rep.Revoked = []uint64{}
+	}
+	return rep.Revoked, nil
+}
+
+// SetValue sets the value of a grant held by clientID with token (POST
+// /api/v1/locks/{name}/value); a client that does not hold it gets
+// ErrNotHolder.
+func (a *API) SetValue(ctx context.Context, name, clientID string, token uint64, value string) error {
+	if err := checkValue(value); err != nil {
+		return err
+	}
+	return a.do(ctx, http.MethodPost, lockPath(name, "value"), api.ValueRequest{ClientID: clientID, FencingToken: token, Value: value}, &api.ValueReply{})
 }
 
 // Release releases a lock held by clientID with token.

@@ -25,8 +25,12 @@ type Lock struct {
 	name  string
 	token uint64
 	proof string
+	mode  string
 	sess  *session
 	lost  chan struct{}
+	// group links the locks of one AcquireMany: the loss of one is the
+	// loss of all (see loseLocked).
+	group *lockGroup
 
 	// renewMu makes the renews of the lock one at a time, so that the
 	// answer that sets the lease is the one of the last renew applied.
@@ -36,7 +40,13 @@ type Lock struct {
 	ttl       time.Duration // 0: bound to the session only
 	expiresAt time.Time
 	deadline  time.Time // local lease of the TTL; see Client.expireLocked
+	value     string    // the value this client last gave the grant
 	err       error
+}
+
+// lockGroup is the locks of one AcquireMany.
+type lockGroup struct {
+	locks []*Lock
 }
 
 // Name returns the lock's name.
@@ -45,6 +55,20 @@ func (l *Lock) Name() string { return l.name }
 // Token returns the fencing token of the grant: pass it to every resource
 // the critical section writes to.
 func (l *Lock) Token() uint64 { return l.token }
+
+// Mode returns the grant's mode: api.ModeShared for a lock acquired
+// WithShared, else api.ModeExclusive (a semaphore's permits included), as
+// the server reported it.
+func (l *Lock) Mode() string { return l.mode }
+
+// Value returns the value this client last gave the grant: the one of
+// WithValue, or of the last SetValue the server confirmed ("" for none).
+// Others see it in the lock's status.
+func (l *Lock) Value() string {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	return l.value
+}
 
 // Proof returns the fencing proof the server signed for this grant, or ""
 // when it sends none.
@@ -76,14 +100,17 @@ func (l *Lock) Deadline() time.Time {
 
 // Lost returns a channel closed when the lock stops being held: lost (the
 // local lease ran out, the server pushed "lost" or said not_holder, the
-// check after a resume found it gone, the session ended), released (or a
-// release's outcome is unknown), or the client closed. Err tells which.
+// lock was revoked, the check after a resume found it gone, the session
+// ended), released (or a release's outcome is unknown), or the client
+// closed. Err tells which. A lock of an AcquireMany is also lost when any
+// other lock of that call is (not when one is released).
 func (l *Lock) Lost() <-chan struct{} { return l.lost }
 
 // Err returns nil while the lock is held, then why it is not: an error
-// matching ErrLeaseExpired, ErrLockExpired, ErrNotHolder,
+// matching ErrLeaseExpired, ErrLockExpired, ErrRevoked, ErrNotHolder,
 // ErrSessionExpired, ErrReleased, ErrUnknownOutcome (a Release without an
-// answer) or ErrClosed.
+// answer) or ErrClosed. A lock of an AcquireMany lost with another of that
+// call has that lock's cause (wrapped, naming it).
 func (l *Lock) Err() error {
 	l.c.mu.Lock()
 	defer l.c.mu.Unlock()
@@ -101,15 +128,78 @@ func (l *Lock) Fence(req *http.Request) {
 }
 
 // loseLocked marks the lock not held, for cause. Once lost, always lost.
+// A lock of an AcquireMany that is lost (not released, not closed) takes
+// the others of its call with it: they are lost with the same cause, and
+// released in the background while the session lives.
 func (l *Lock) loseLocked(cause error) {
-	if l.err != nil {
+	if !l.markLostLocked(cause) || l.group == nil || !losesGroup(cause) {
 		return
+	}
+	c := l.c
+	for _, s := range l.group.locks {
+		if s == l || !s.markLostLocked(fmt.Errorf("lockd: lock %q lost with lock %q of the same AcquireMany: %w", s.name, l.name, cause)) {
+			continue
+		}
+		if !s.sess.lost && !c.closed {
+			c.releaseLaterLocked(s)
+		}
+	}
+}
+
+// markLostLocked marks the lock not held, unless it was already; it
+// reports whether it did.
+func (l *Lock) markLostLocked(cause error) bool {
+	if l.err != nil {
+		return false
 	}
 	l.err = cause
 	close(l.lost)
 	if l.c.locks[l.name] == l {
 		delete(l.c.locks, l.name)
 	}
+	return true
+}
+
+// losesGroup reports a cause that ends the other locks of an AcquireMany:
+// anything but the caller's own release and the client's close.
+func losesGroup(cause error) bool {
+	return !errors.Is(cause, ErrReleased) && !errors.Is(cause, ErrUnknownOutcome) && !errors.Is(cause, ErrClosed)
+}
+
+// SetValue sets the grant's value (a UTF-8 string of at most 4096 bytes),
+// which the lock's status shows to everyone (see WithValue). When the
+// server says the lock is not held any more, the lock is lost and the
+// error matches ErrNotHolder. Without an answer (ctx ends, the connection
+// breaks) the error matches ErrUnknownOutcome: the value may or may not
+// have been set.
+func (l *Lock) SetValue(ctx context.Context, v string) error {
+	if err := checkValue(v); err != nil {
+		return err
+	}
+	c := l.c
+	c.mu.Lock()
+	err := l.err
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	m, sent, err := c.roundTrip(ctx, l.sess, &api.WSRequest{Op: api.OpValue, Lock: l.name, FencingToken: l.token, Value: &v})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		if !sent.IsZero() && l.err == nil {
+			return fmt.Errorf("%w: setting the value of lock %q token %d: %w", ErrUnknownOutcome, l.name, l.token, err)
+		}
+		return err
+	}
+	switch m.Type {
+	case api.TypeOK:
+		l.value = v
+		return nil
+	case api.TypeError:
+		return l.refusedLocked(m.Error)
+	}
+	return fmt.Errorf("lockd: value: unexpected reply %q", m.Type)
 }
 
 // Release releases the lock. It returns nil once the server confirmed, and

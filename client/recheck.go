@@ -20,7 +20,10 @@ import (
 // the TTL) has its local lease moved earlier by as much: both expiries are
 // the server's own timestamps, so their difference holds whatever the
 // clocks. Locks are checked one at a time, in name order, with
-// linearizable status reads, for at most the session's TTL.
+// linearizable status reads, for at most the session's TTL. A shared lock
+// or a semaphore has several holders: the client looks for its own grant
+// among them. A lock of an AcquireMany found lost takes the others of its
+// call with it (see Lock.Lost).
 func (c *Client) recheck(cs *wsConn) {
 	c.mu.Lock()
 	var ls []*Lock
@@ -35,6 +38,9 @@ func (c *Client) recheck(cs *wsConn) {
 	ctx, cancel := context.WithTimeout(c.ctx, ttl)
 	defer cancel()
 	for _, l := range ls {
+		if l.Err() != nil {
+			continue // lost meanwhile (with another lock of its AcquireMany, say)
+		}
 		if err := c.recheckLock(ctx, l); err != nil {
 			if c.ctx.Err() == nil {
 				c.log.Warn("lockd: could not check a lock after resuming the session", "lock", l.name, "token", l.token, "err", err)

@@ -1,7 +1,9 @@
 // Package lockdtest runs an in-memory fake of lockd for tests of code that
 // speaks to lockd (package client, lockctl): the WebSocket session protocol
 // (hello and resume, acquire with FIFO waits and pushed grants, release,
-// renew, keepalive, "lost" pushes, session expiry) and the plain HTTP API,
+// renew, keepalive, "lost" pushes, session expiry), the lock kinds (shared
+// mode, semaphores, multi-acquire, lock-delay, revocation, values) and the
+// plain HTTP API,
 // on one or more members of which one is the leader; followers answer as
 // the SPEC says (not_leader on WebSocket, 307 on HTTP). There is no Raft and
 // nothing on disk: the members share one state, so a leader change keeps
@@ -17,6 +19,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/lockd/lockd/api"
 )
 
 // Options configure a Cluster.
@@ -49,8 +53,9 @@ type Cluster struct {
 	sessions    map[string]*session
 	ended       map[string]time.Time // when each ended session ended
 	locks       map[string]*lock
-	fresh       int // hellos that opened a session
-	resumed     int // hellos that resumed one
+	index       uint64 // counts lock changes (the status "index")
+	fresh       int    // hellos that opened a session
+	resumed     int    // hellos that resumed one
 }
 
 // New starts a fake cluster.
@@ -189,8 +194,9 @@ func (c *Cluster) DropReplies(op string, on bool) {
 	c.logf("lockdtest: replies to %s dropped=%v", op, on)
 }
 
-// ExpireSession ends a session now, as DELETE /api/v1/sessions/{id} does.
-// It reports whether the session was alive.
+// ExpireSession ends a session now, as its expiry does: its grants end
+// (with their lock-delays) and its waits are dropped. It reports whether
+// the session was alive.
 func (c *Cluster) ExpireSession(id string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -240,22 +246,31 @@ func (c *Cluster) Hellos() (fresh, resumed int) {
 	return c.fresh, c.resumed
 }
 
-// Holder returns the holder of a lock.
+// Holder returns the holder of a lock (the one with the lowest token, when
+// several hold it).
 func (c *Cluster) Holder(name string) (clientID string, token uint64, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if l := c.locks[name]; l != nil && l.holder != nil {
-		return l.holder.clientID, l.holder.token, true
+	if l := c.locks[name]; l != nil && len(l.holders) > 0 {
+		return l.holders[0].clientID, l.holders[0].token, true
 	}
 	return "", 0, false
 }
 
-// LockExpires returns when the lock's TTL runs out (zero: no TTL, or free).
+// Status returns a lock's status as GET /api/v1/locks/{name} shows it.
+func (c *Cluster) Status(name string) api.LockStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.statusLocked(name)
+}
+
+// LockExpires returns when the lock's TTL runs out (zero: no TTL, or free);
+// of the lowest token's grant when several hold it.
 func (c *Cluster) LockExpires(name string) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if l := c.locks[name]; l != nil && l.holder != nil {
-		return l.holder.expires
+	if l := c.locks[name]; l != nil && len(l.holders) > 0 {
+		return l.holders[0].expires
 	}
 	return time.Time{}
 }
@@ -352,35 +367,35 @@ func (c *Cluster) leaderURLLocked() string {
 	return c.members[c.leader].srv.URL
 }
 
-// ExpireLock ends the current grant of a lock as its TTL running out does:
-// the holder hears "lost" (reason expired) and the next waiter gets it. It
-// reports whether the lock was held.
+// ExpireLock ends the current grants of a lock as their TTL running out
+// does: the holders hear "lost" (reason expired), lock-delays start, and
+// the next waiters get it. It reports whether the lock was held.
 func (c *Cluster) ExpireLock(name string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.locks[name]
-	if l == nil || l.holder == nil {
+	if l == nil || len(l.holders) == 0 {
 		return false
 	}
-	h := l.holder
-	if s := c.sessions[h.sessionID]; s != nil && s.conn != nil {
-		s.conn.pushLocked(grantLost(h))
+	now := time.Now()
+	for _, h := range append([]*holder(nil), l.holders...) {
+		c.endGrantLocked(l, h, api.ReasonExpired, now)
 	}
-	l.holder = nil
-	c.handoffLocked(l)
+	c.advanceLocked(now, name)
 	return true
 }
 
-// DropGrant frees a lock without telling the holder, as if the "lost" push
-// went missing; the holder learns it at its next renew or release.
+// DropGrant frees a lock without telling the holders, as if the "lost"
+// push went missing; a holder learns it at its next renew or release.
 func (c *Cluster) DropGrant(name string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.locks[name]
-	if l == nil || l.holder == nil {
+	if l == nil || len(l.holders) == 0 {
 		return false
 	}
-	l.holder = nil
-	c.handoffLocked(l)
+	l.holders = nil
+	c.touchLocked(l)
+	c.advanceLocked(time.Now(), name)
 	return true
 }

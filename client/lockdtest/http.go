@@ -31,7 +31,10 @@ func (m *member) routes() http.Handler {
 	mux.HandleFunc("POST /api/v1/locks/{name}/acquire", m.leaderOnly(m.acquire))
 	mux.HandleFunc("POST /api/v1/locks/{name}/release", m.leaderOnly(m.release))
 	mux.HandleFunc("POST /api/v1/locks/{name}/renew", m.leaderOnly(m.renew))
+	mux.HandleFunc("POST /api/v1/locks/{name}/value", m.leaderOnly(m.setValue))
+	mux.HandleFunc("POST /api/v1/acquire", m.leaderOnly(m.acquireMany))
 	mux.HandleFunc("GET /api/v1/locks/{name}", m.leaderOnly(m.status))
+	mux.HandleFunc("DELETE /api/v1/locks/{name}", m.leaderOnly(m.revoke))
 	mux.HandleFunc("GET /api/v1/locks", m.leaderOnly(m.list))
 	mux.HandleFunc("POST /api/v1/sessions", m.leaderOnly(m.createSession))
 	mux.HandleFunc("POST /api/v1/sessions/{id}/keepalive", m.leaderOnly(m.keepalive))
@@ -101,7 +104,6 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 }
 
 func (m *member) acquire(w http.ResponseWriter, r *http.Request) {
-	c := m.c
 	name := r.PathValue("name")
 	var req api.AcquireRequest
 	if !decode(w, r, &req) {
@@ -111,38 +113,122 @@ func (m *member) acquire(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, api.CodeInvalidArgument, "lock name or client_id invalid")
 		return
 	}
-	ttl := time.Duration(api.DefaultLockTTLms) * time.Millisecond
-	if req.SessionID != "" {
-		ttl = 0
-	}
-	if req.TTLms != nil {
-		ttl = ms(req.TTLms)
-	}
-	wait := ms(req.WaitTimeoutMs)
-	notify := make(chan acquireDone, 1)
-	c.mu.Lock()
-	if req.SessionID != "" && c.sessions[req.SessionID] == nil {
-		c.mu.Unlock()
-		writeErr(w, api.CodeSessionExpired, "session "+req.SessionID+" is not alive")
+	ar := acquireReq{names: []string{name}, clientID: req.ClientID, sessionID: req.SessionID, ttl: httpTTL(req.TTLms, req.SessionID), wait: ms(req.WaitTimeoutMs)}
+	if msg := kinds(&ar, req.Mode, req.Limit, req.LockDelayMs, req.Value); msg != "" {
+		writeErr(w, api.CodeInvalidArgument, msg)
 		return
 	}
-	h, code, holder := c.acquireLocked(name, req.ClientID, req.SessionID, ttl, wait, 0, notify)
+	m.runAcquire(w, r, ar)
+}
+
+// httpTTL is an HTTP acquire's TTL: as given, else 30s without a session
+// and none with one.
+func httpTTL(ttlMs *int64, sessionID string) time.Duration {
+	if ttlMs != nil {
+		return ms(ttlMs)
+	}
+	if sessionID != "" {
+		return 0
+	}
+	return time.Duration(api.DefaultLockTTLms) * time.Millisecond
+}
+
+func (m *member) acquireMany(w http.ResponseWriter, r *http.Request) {
+	var req api.MultiAcquireRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	names, msg := lockSet(req.Locks)
+	if msg == "" && req.ClientID == "" {
+		msg = "client_id is required"
+	}
+	if msg != "" {
+		writeErr(w, api.CodeInvalidArgument, msg)
+		return
+	}
+	ar := acquireReq{names: names, clientID: req.ClientID, sessionID: req.SessionID, ttl: httpTTL(req.TTLms, req.SessionID), wait: ms(req.WaitTimeoutMs)}
+	if msg := kinds(&ar, req.Mode, nil, req.LockDelayMs, req.Value); msg != "" {
+		writeErr(w, api.CodeInvalidArgument, msg)
+		return
+	}
+	m.runAcquire(w, r, ar)
+}
+
+// runAcquire runs an HTTP acquire, single or multi, waiting as asked.
+func (m *member) runAcquire(w http.ResponseWriter, r *http.Request, ar acquireReq) {
+	c := m.c
+	ar.notify = make(chan acquireDone, 1)
+	c.mu.Lock()
+	if ar.sessionID != "" && c.sessions[ar.sessionID] == nil {
+		c.mu.Unlock()
+		writeErr(w, api.CodeSessionExpired, "session "+ar.sessionID+" is not alive")
+		return
+	}
+	d := c.acquireLocked(ar)
 	c.mu.Unlock()
-	if h == nil && code == "" {
+	if d.hs == nil && d.code == "" {
 		select {
-		case d := <-notify:
-			h, code = d.h, d.code
+		case d = <-ar.notify:
 		case <-r.Context().Done():
 			return
 		case <-c.stop:
 			return
 		}
 	}
-	if h == nil {
-		writeJSON(w, http.StatusConflict, api.AcquireReply{Acquired: false, Error: &api.Error{Code: code, Message: "lock " + name + " not acquired"}, Holder: holder})
+	desc := strings.Join(ar.names, ",")
+	if d.hs == nil {
+		if d.code == api.CodeLimitMismatch {
+			writeErr(w, d.code, "lock "+d.lock+" has another limit")
+			return
+		}
+		writeJSON(w, http.StatusConflict, api.AcquireReply{Acquired: false, Lock: d.lock, Error: &api.Error{Code: d.code, Message: "lock " + desc + " not acquired"}, Holder: d.holder})
 		return
 	}
-	writeJSON(w, 200, api.AcquireReply{Acquired: true, Lock: name, ClientID: h.clientID, FencingToken: h.token, ExpiresAt: fmtTime(h.expires), FencingProof: h.proof})
+	if len(ar.names) > 1 {
+		writeJSON(w, 200, api.AcquireReply{Acquired: true, ClientID: ar.clientID, Grants: grants(d.hs), Mode: d.hs[0].mode})
+		return
+	}
+	h := d.hs[0]
+	writeJSON(w, 200, api.AcquireReply{Acquired: true, Lock: h.name, ClientID: h.clientID, FencingToken: h.token, ExpiresAt: fmtTime(h.expires), FencingProof: h.proof, Mode: h.mode})
+}
+
+func (m *member) setValue(w http.ResponseWriter, r *http.Request) {
+	var req api.ValueRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if msg := badValue(req.Value); msg != "" {
+		writeErr(w, api.CodeInvalidArgument, msg)
+		return
+	}
+	m.c.mu.Lock()
+	ok := m.c.setValueLocked(r.PathValue("name"), req.ClientID, req.FencingToken, req.Value)
+	m.c.mu.Unlock()
+	if !ok {
+		writeErr(w, api.CodeNotHolder, "client "+req.ClientID+" does not hold that token")
+		return
+	}
+	writeJSON(w, 200, api.ValueReply{Updated: true, FencingToken: req.FencingToken})
+}
+
+func (m *member) revoke(w http.ResponseWriter, r *http.Request) {
+	var token uint64
+	if v := r.URL.Query().Get("fencing_token"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || n == 0 {
+			writeErr(w, api.CodeInvalidArgument, "fencing_token must be a positive number")
+			return
+		}
+		token = n
+	}
+	m.c.mu.Lock()
+	revoked, ok := m.c.revokeLocked(r.PathValue("name"), token)
+	m.c.mu.Unlock()
+	if !ok {
+		writeErr(w, api.CodeNotHolder, "no current grant of "+r.PathValue("name")+" has that token")
+		return
+	}
+	writeJSON(w, 200, api.RevokeReply{Revoked: revoked})
 }
 
 func (m *member) release(w http.ResponseWriter, r *http.Request) {
@@ -246,7 +332,14 @@ func (m *member) keepalive(w http.ResponseWriter, r *http.Request) {
 }
 
 func (m *member) deleteSession(w http.ResponseWriter, r *http.Request) {
-	if !m.c.ExpireSession(r.PathValue("id")) {
+	c := m.c
+	c.mu.Lock()
+	s := c.sessions[r.PathValue("id")]
+	if s != nil {
+		c.deleteSessionLocked(s)
+	}
+	c.mu.Unlock()
+	if s == nil {
 		writeErr(w, api.CodeSessionExpired, "session "+r.PathValue("id")+" is not alive")
 		return
 	}

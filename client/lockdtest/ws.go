@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -224,17 +225,47 @@ func (cn *conn) handle(data []byte) {
 		s.deadline = now.Add(s.ttl)
 		reply(api.WSMessage{Type: api.TypeOK, SessionTTLms: s.ttl.Milliseconds()})
 	case api.OpAcquire:
-		if !validName(req.Lock) {
+		r := acquireReq{names: []string{req.Lock}, clientID: s.clientID, sessionID: s.id, ttl: ms(req.TTLms), wait: ms(req.WaitTimeoutMs), reqID: req.ID}
+		if req.Locks != nil {
+			names, msg := lockSet(req.Locks)
+			if msg != "" || req.Lock != "" {
+				fail(api.CodeInvalidArgument, msg+" (and no lock beside locks)")
+				return
+			}
+			r.names = names
+		} else if !validName(req.Lock) {
 			fail(api.CodeInvalidArgument, "lock: bad name")
 			return
 		}
-		h, code, holder := c.acquireLocked(req.Lock, s.clientID, s.id, ms(req.TTLms), ms(req.WaitTimeoutMs), req.ID, nil)
-		switch {
-		case h != nil:
-			cn.pushLocked(grantedMsg(req.ID, h))
-		case code != "":
-			fail(code, "lock "+req.Lock+" is held by "+holder)
+		if msg := kinds(&r, req.Mode, req.Limit, req.LockDelayMs, req.Value); msg != "" {
+			fail(api.CodeInvalidArgument, msg)
+			return
 		}
+		d := c.acquireLocked(r)
+		switch {
+		case d.hs != nil:
+			cn.pushLocked(grantedMsg(req.ID, d.hs, len(r.names) > 1))
+		case d.code != "":
+			msg := "lock " + strings.Join(r.names, ",") + " not acquired"
+			if d.code == api.CodeLockHeld {
+				msg = "lock " + strings.Join(r.names, ",") + " is held by " + d.holder
+			}
+			reply(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: d.code, Message: msg}, Lock: d.lock, Holder: d.holder})
+		}
+	case api.OpValue:
+		v := ""
+		if req.Value != nil {
+			v = *req.Value
+		}
+		if msg := badValue(v); msg != "" {
+			fail(api.CodeInvalidArgument, msg)
+			return
+		}
+		if !c.setValueLocked(req.Lock, s.clientID, req.FencingToken, v) {
+			fail(api.CodeNotHolder, "not the holder of "+req.Lock)
+			return
+		}
+		reply(api.WSMessage{Type: api.TypeOK, Lock: req.Lock, FencingToken: req.FencingToken})
 	case api.OpRelease:
 		if !c.releaseLocked(req.Lock, s.clientID, req.FencingToken) {
 			fail(api.CodeNotHolder, "not the holder of "+req.Lock)

@@ -1,5 +1,6 @@
-// Command lockctl is the command-line client of lockd: acquire, release and
-// renew locks, read their status, manage sessions and cluster membership,
+// Command lockctl is the command-line client of lockd: acquire (shared,
+// semaphores, several locks at once), release, renew and revoke locks, read
+// their status, manage sessions and cluster membership,
 // run a command while holding a lock (lockctl run, for cron jobs), save and
 // restore backups (lockctl snapshot), and write the key pair for signed
 // fencing tokens (lockctl keygen). It speaks HTTPS (--cacert, --cert,
@@ -46,14 +47,32 @@ Usage:
   lockctl [global flags] <command> [args and flags]
 
 Commands:
-  acquire NAME [--ttl 30s] [--wait 0s]   take a lock without a session; prints token and expiry
+  acquire NAME [NAME...] [--ttl 30s] [--wait 0s] [--shared] [--limit N] [--lock-delay D] [--value V]
+        take a lock without a session; prints token and expiry. Several names (or
+        NAME,NAME) take them all in one step or none (a multi-lock; a refusal names
+        the lock that blocked it). Lock kinds:
+          --shared        a shared grant: shared holders coexist, never with an
+                          exclusive one (a read-write lock)
+          --limit N       a semaphore: up to N holders at once, each with its own token
+                          (1–10000; set by the acquire that creates the lock; another N
+                          while the lock is in use is refused: limit mismatch, exit 1)
+          --lock-delay D  when the grant ends without a release (expiry, session end,
+                          revocation), nobody gets the lock for D (up to 1m)
+          --value V       the grant's value, shown by status (up to 4096 bytes)
   release NAME --token N                 release a lock held by --client-id
   renew NAME --token N [--ttl 30s]       extend a lock's TTL
-  status NAME [--stale]                  show who holds a lock
+  revoke NAME [--token N]                end the lock's grants, whoever holds them (admin token):
+                                         every grant, or only the one with token N; holders are
+                                         told (lost, revoked), the lock-delay applies, waiters go
+                                         on; prints the tokens revoked
+  status NAME [--stale]                  show who holds a lock: mode (exclusive, shared), limit,
+                                         holders (one line each when several), value, waiters,
+                                         delayed_until while a lock-delay runs
   list [--prefix P] [--limit N] [--after NAME]
-                                         list held or awaited locks in name order: all of them,
-                                         or at most N (then the --after NAME that goes on is
-                                         printed on stderr); --after starts after NAME
+                                         list held, awaited or delayed locks in name order, with
+                                         mode, limit, holders, value and delayed_until: all of
+                                         them, or at most N (then the --after NAME that goes on
+                                         is printed on stderr); --after starts after NAME
   session create [--ttl 15s]             open an HTTP session; prints its id
   session keepalive ID                   refresh a session
   session delete ID                      end a session, releasing its locks
@@ -79,10 +98,14 @@ Commands:
         the private key (default lockd-signing.pem, mode 0600) for every lockd
         member's --signing-key, the public key (default lockd-verify.pem) for
         fencestore --verify-key. Refuses to replace existing files unless --force.
-  run NAME [--ttl D] [--wait D] [--session-ttl 15s] [--grace 10s] -- CMD [ARGS...]
+  run NAME[,NAME...] [--ttl D] [--wait D] [--session-ttl 15s] [--grace 10s]
+      [--shared] [--limit N] [--lock-delay D] [--value V] -- CMD [ARGS...]
         hold NAME through a session while CMD runs. CMD inherits stdin/stdout/stderr,
         runs in its own process group, and gets LOCKD_LOCK, LOCKD_FENCING_TOKEN and
         (when the server signs grants) LOCKD_FENCING_PROOF in its environment.
+        NAME,NAME holds several locks, taken in one step or none (a multi-lock); the
+        variables are then comma-separated lists in name order, and losing any of
+        the locks counts as losing the lock. The lock-kind flags are acquire's.
         Signals to lockctl (INT, TERM, HUP, QUIT, USR1, USR2) are passed on to CMD.
         If the lock is lost (the client's conservative local lease runs out, or the
         server ends the lock or the session), CMD's group gets SIGTERM at once and
@@ -116,7 +139,8 @@ Exit codes:
   2  usage error
   3  run: the lock was lost while CMD ran; CMD was stopped
   4  lock not acquired: held by another client, or the wait timed out
-  5  not the holder of the lock, or the session expired / does not exist
+  5  not the holder of the lock (revoke --token: no grant has that token), or the
+     session expired / does not exist
   6  no leader: no member could name a leader or none answered within --timeout
      (a TLS failure, such as an untrusted certificate, shows up here too)
   7  not authorized: no token or an unknown one (401 unauthenticated), or the
@@ -181,6 +205,8 @@ func lockctl(ctx context.Context, args []string, getenv func(string) string, std
 		return e.release(ctx, rest)
 	case "renew":
 		return e.renew(ctx, rest)
+	case "revoke":
+		return e.revoke(ctx, rest)
 	case "status":
 		return e.status(ctx, rest)
 	case "list":

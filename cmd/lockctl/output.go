@@ -68,9 +68,19 @@ func (e *env) describe(err error, what string) string {
 		}
 		return fmt.Sprintf("%s: no leader (tried %s for %v): %s%s", what, e.g.endpoints, e.g.timeout, detail, hint)
 	case errors.Is(err, client.ErrLockHeld):
+		if l := blockingLock(se, what); l != "" {
+			return fmt.Sprintf("%s: lock %s held by %s (nothing was taken)", what, l, holderOf(se))
+		}
 		return fmt.Sprintf("%s: held by %s", what, holderOf(se))
 	case errors.Is(err, client.ErrWaitTimeout):
+		if l := blockingLock(se, what); l != "" {
+			return fmt.Sprintf("%s: timed out waiting (lock %s held by %s)", what, l, holderOf(se))
+		}
 		return fmt.Sprintf("%s: timed out waiting (held by %s)", what, holderOf(se))
+	case errors.Is(err, client.ErrLimitMismatch):
+		return fmt.Sprintf("%s: limit mismatch: the lock is in use with another limit or kind (--limit, --shared)%s", what, msg)
+	case errors.Is(err, client.ErrResourceExhausted):
+		return fmt.Sprintf("%s: resource exhausted: a quota of the cluster is used up%s", what, msg)
 	case errors.Is(err, client.ErrNotHolder):
 		return fmt.Sprintf("%s: not the holder: client %s does not hold it with that token", what, e.clientID())
 	case errors.Is(err, client.ErrSessionExpired):
@@ -81,6 +91,15 @@ func (e *env) describe(err error, what string) string {
 		return fmt.Sprintf("%s: %s%s", what, se.API.Code, msg)
 	}
 	return fmt.Sprintf("%s: %v", what, err)
+}
+
+// blockingLock is the lock a refused multi-lock names, "" when what
+// names it already (or none is named).
+func blockingLock(se *client.ServerError, what string) string {
+	if se == nil || se.Lock == "" || what == "lock "+se.Lock {
+		return ""
+	}
+	return se.Lock
 }
 
 func holderOf(se *client.ServerError) string {

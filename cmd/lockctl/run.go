@@ -11,7 +11,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,11 +24,12 @@ import (
 var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
 
 func (e *env) run(ctx context.Context, args []string) int {
-	flags := e.command("run", "run NAME [--ttl D] [--wait D] [--session-ttl 15s] [--grace 10s] -- CMD [ARGS...]")
+	flags := e.command("run", "run NAME[,NAME...] [--ttl D] [--wait D] [--session-ttl 15s] [--grace 10s] [--shared] [--limit N] [--lock-delay D] [--value V] -- CMD [ARGS...]")
 	ttl := flags.Duration("ttl", 0, "lock TTL, renewed while CMD runs (default: none, the lock lives with the session)")
 	wait := flags.Duration("wait", 0, "how long to wait for the lock (0: try once)")
 	sessionTTL := flags.Duration("session-ttl", 15*time.Second, "session TTL: how long the cluster keeps the lock after lockctl stops answering")
 	grace := flags.Duration("grace", 10*time.Second, "after a lost lock, how long CMD has between SIGTERM and SIGKILL")
+	kf := addKindFlags(flags)
 	pos, rest, err := parseArgs(flags, args, 2)
 	if err == nil {
 		err = e.checkOutput()
@@ -34,17 +37,25 @@ func (e *env) run(ctx context.Context, args []string) int {
 	if err == nil && len(pos) == 0 {
 		err = errors.New("run: missing NAME")
 	}
-	var argv []string
+	var argv, names []string
 	if err == nil {
 		argv = append(pos[1:], rest...)
 		if len(argv) == 0 {
 			err = errors.New("run: missing CMD (lockctl run NAME -- CMD [ARGS...])")
 		}
 	}
+	if err == nil {
+		// Several locks are one argument, NAME,NAME: the first argument
+		// after NAME is CMD.
+		names, err = lockNames(pos[:1])
+	}
+	if err == nil {
+		err = kf.check(len(names) > 1)
+	}
 	if err != nil {
 		return usageErr(e.stderr, err)
 	}
-	name := pos[0]
+	name := strings.Join(names, ",")
 	tc, err := e.tlsConfig()
 	if err != nil {
 		return e.setupFailed(err)
@@ -57,15 +68,15 @@ func (e *env) run(ctx context.Context, args []string) int {
 	// Take the lock; a signal meanwhile gives up.
 	type result struct {
 		c   *client.Client
-		l   *client.Lock
+		ls  []*client.Lock
 		err error
 	}
 	resCh := make(chan result, 1)
 	actx, cancel := context.WithTimeout(ctx, e.g.timeout+*wait)
 	defer cancel()
 	go func() {
-		c, l, err := e.runAcquire(actx, tc, name, *ttl, *wait, *sessionTTL)
-		resCh <- result{c, l, err}
+		c, ls, err := e.runAcquire(actx, tc, names, *ttl, *wait, *sessionTTL, kf.options())
+		resCh <- result{c, ls, err}
 	}()
 	var r result
 	select {
@@ -79,27 +90,41 @@ func (e *env) run(ctx context.Context, args []string) int {
 		fmt.Fprintf(e.stderr, "lockctl: lock %s: interrupted by %v before the lock was taken\n", name, s)
 		return 128 + int(s.(syscall.Signal))
 	}
+	what := "lock " + name
+	if len(names) > 1 {
+		what = "locks " + name
+	}
 	if r.err != nil {
 		if r.c != nil {
-			e.nameHolder(r.c.API(), name, &r.err)
+			e.nameHolder(r.c.API(), names[0], &r.err)
 			_ = r.c.Close()
 		}
-		return e.fail(r.err, "lock "+name)
+		return e.fail(r.err, what)
 	}
-	c, l := r.c, r.l
+	c, ls := r.c, r.ls
 	defer c.Close()
+	// The locks of a multi-lock share one fate: ls[0].Lost closes when
+	// any of them is lost.
+	l := ls[0]
+	heldNames, tokens, proofs := make([]string, len(ls)), make([]string, len(ls)), make([]string, len(ls))
+	for i, l := range ls {
+		heldNames[i], tokens[i], proofs[i] = l.Name(), strconv.FormatUint(l.Token(), 10), l.Proof()
+	}
+	name = strings.Join(heldNames, ",") // in name order, as the tokens
+	token := strings.Join(tokens, ",")
 
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
-	cmd.Env = append(os.Environ(), "LOCKD_LOCK="+name, "LOCKD_FENCING_TOKEN="+strconv.FormatUint(l.Token(), 10))
-	if p := l.Proof(); p != "" {
-		cmd.Env = append(cmd.Env, "LOCKD_FENCING_PROOF="+p)
+	// Several locks: comma-separated lists, in name order.
+	cmd.Env = append(os.Environ(), "LOCKD_LOCK="+name, "LOCKD_FENCING_TOKEN="+token)
+	if !slices.Contains(proofs, "") {
+		cmd.Env = append(cmd.Env, "LOCKD_FENCING_PROOF="+strings.Join(proofs, ","))
 	}
 	// Its own process group, so that a lost lock stops the whole job, not
 	// only a shell whose children would go on writing.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		e.releaseQuietly(l)
+		e.releaseAll(ls)
 		fmt.Fprintf(e.stderr, "lockctl: starting %s: %v\n", argv[0], err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
 			return 127
@@ -122,7 +147,7 @@ wait:
 		case <-lost:
 			lost = nil
 			lostErr = l.Err()
-			fmt.Fprintf(e.stderr, "lockctl: lost lock %s (token %d): %s; sent SIGTERM to %s, SIGKILL in %v\n", name, l.Token(), lostCause(lostErr), argv[0], *grace)
+			fmt.Fprintf(e.stderr, "lockctl: lost lock %s (token %s): %s; sent SIGTERM to %s, SIGKILL in %v\n", name, token, lostCause(lostErr), argv[0], *grace)
 			_ = syscall.Kill(-pgid, syscall.SIGTERM)
 			t := time.NewTimer(*grace)
 			defer t.Stop()
@@ -140,18 +165,18 @@ wait:
 			// Lost while CMD was exiting: its last writes may have raced
 			// another holder, so report the loss all the same.
 			lostErr = err
-			fmt.Fprintf(e.stderr, "lockctl: lost lock %s (token %d) as %s exited: %s\n", name, l.Token(), argv[0], lostCause(lostErr))
+			fmt.Fprintf(e.stderr, "lockctl: lost lock %s (token %s) as %s exited: %s\n", name, token, argv[0], lostCause(lostErr))
 		}
 	}
 	if lostErr != nil {
 		return exitLost
 	}
-	e.releaseQuietly(l)
+	e.releaseAll(ls)
 	return commandExit(werr)
 }
 
-// runAcquire opens the session and takes the lock.
-func (e *env) runAcquire(ctx context.Context, tc *tls.Config, name string, ttl, wait, sessionTTL time.Duration) (*client.Client, *client.Lock, error) {
+// runAcquire opens the session and takes the lock(s).
+func (e *env) runAcquire(ctx context.Context, tc *tls.Config, names []string, ttl, wait, sessionTTL time.Duration, opts []client.AcquireOption) (*client.Client, []*client.Lock, error) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if e.getenv("LOCKCTL_DEBUG") != "" {
 		logger = slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -161,15 +186,14 @@ func (e *env) runAcquire(ctx context.Context, tc *tls.Config, name string, ttl, 
 	if err != nil {
 		return nil, nil, err
 	}
-	var opts []client.AcquireOption
 	if ttl > 0 {
 		opts = append(opts, client.WithTTL(ttl), client.WithAutoRenew())
 	}
-	var l *client.Lock
+	var ls []*client.Lock
 	if wait > 0 {
-		l, err = c.Acquire(ctx, name, append(opts, client.WithWaitTimeout(wait))...)
+		ls, err = c.AcquireMany(ctx, names, append(opts, client.WithWaitTimeout(wait))...)
 	} else {
-		l, err = c.TryAcquire(ctx, name, opts...)
+		ls, err = c.TryAcquireMany(ctx, names, opts...)
 	}
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && wait > 0 {
@@ -177,7 +201,7 @@ func (e *env) runAcquire(ctx context.Context, tc *tls.Config, name string, ttl, 
 		}
 		return c, nil, err
 	}
-	return c, l, nil
+	return c, ls, nil
 }
 
 // nameHolder adds the current holder to a lock_held or wait_timeout error
@@ -191,6 +215,10 @@ func (e *env) nameHolder(a *client.API, name string, errp *error) {
 	if errors.As(err, &se) && se.Holder != "" {
 		return
 	}
+	lock := ""
+	if se != nil && se.Lock != "" {
+		name, lock = se.Lock, se.Lock // the lock that blocked a multi-lock
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	st, serr := a.Status(ctx, name, true)
@@ -201,14 +229,16 @@ func (e *env) nameHolder(a *client.API, name string, errp *error) {
 	if errors.Is(err, client.ErrWaitTimeout) {
 		code = "wait_timeout"
 	}
-	*errp = &client.ServerError{API: apiError(code, err.Error()), Holder: fmt.Sprintf("%s, token %d", st.ClientID, st.FencingToken)}
+	*errp = &client.ServerError{API: apiError(code, err.Error()), Lock: lock, Holder: fmt.Sprintf("%s, token %d", st.ClientID, st.FencingToken)}
 }
 
-func (e *env) releaseQuietly(l *client.Lock) {
+func (e *env) releaseAll(ls []*client.Lock) {
 	ctx, cancel := context.WithTimeout(context.Background(), e.g.timeout)
 	defer cancel()
-	if err := l.Release(ctx); err != nil {
-		fmt.Fprintf(e.stderr, "lockctl: releasing lock %s: %v (the session end releases it)\n", l.Name(), err)
+	for _, l := range ls {
+		if err := l.Release(ctx); err != nil {
+			fmt.Fprintf(e.stderr, "lockctl: releasing lock %s: %v (the session end releases it)\n", l.Name(), err)
+		}
 	}
 }
 
@@ -221,6 +251,8 @@ func lostCause(err error) string {
 		return "the session ended on the server (expired or deleted)"
 	case errors.Is(err, client.ErrLockExpired):
 		return "the lock's TTL ran out on the server"
+	case errors.Is(err, client.ErrRevoked):
+		return "the lock was revoked (lockctl revoke, or DELETE /api/v1/locks/NAME)"
 	case errors.Is(err, client.ErrNotHolder):
 		return "the server no longer has this client as the holder"
 	}
