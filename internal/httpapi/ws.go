@@ -58,7 +58,15 @@ type wsConn struct {
 const (
 	maxWatchesPerConn = 1024
 	watchBuffer       = 256
+	// watchBacklog: with this many frames queued for a client that does
+	// not read, watches stop adding to them (changes are dropped and the
+	// watcher is told to resync once the client has caught up), so a slow
+	// watcher costs bounded memory and never ends its connection.
+	defaultWatchBacklog = 1024
 )
+
+// watchBacklog is defaultWatchBacklog; tests lower it.
+var watchBacklog = defaultWatchBacklog
 
 // maxInflight bounds the requests one connection may have in flight; the
 // read loop waits for a slot beyond it (backpressure, not an error).
@@ -888,13 +896,28 @@ func (wc *wsConn) initialState(id uint64, req api.WSRequest) map[string]uint64 {
 // showed is dropped.
 func (wc *wsConn) forward(id uint64, w *notify.Watch, seen map[string]uint64) {
 	defer wc.work.Done()
+	behind := false
+	var caughtUp <-chan struct{} // set while behind
 	for {
 		select {
 		case <-wc.ctx.Done():
 			return
+		case <-caughtUp:
+			behind, caughtUp = false, nil
+			if wc.watching(id, w) {
+				wc.send(api.WSMessage{Type: api.TypeResync, WatchID: id})
+			}
 		case ch, ok := <-w.C():
 			if !ok {
 				return
+			}
+			if behind || wc.w.backlog() >= watchBacklog {
+				// Dropped: the client re-reads after the resync, sent once it
+				// has read what is queued.
+				if !behind {
+					behind, caughtUp = true, wc.w.caughtUp()
+				}
+				continue
 			}
 			name := ch.Status.Name
 			if at, ok := seen[name]; ok {

@@ -46,10 +46,30 @@ type wsWriter struct {
 	signal  chan struct{}
 	done    chan struct{}
 	onError func()
+	// drained is closed (and replaced) whenever the writer has caught up
+	// (nothing queued after a write): watches held back for a slow reader
+	// resume.
+	drained chan struct{}
+}
+
+// caughtUp returns a channel closed the next time the writer has written
+// everything queued.
+func (w *wsWriter) caughtUp() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.drained
+}
+
+// backlog is the number of frames queued and not yet being written.
+func (w *wsWriter) backlog() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.q)
 }
 
 func newWSWriter(c *websocket.Conn, cork *corkConn, onError func()) *wsWriter {
-	w := &wsWriter{c: c, cork: cork, signal: make(chan struct{}, 1), done: make(chan struct{}), onError: onError}
+	w := &wsWriter{c: c, cork: cork, signal: make(chan struct{}, 1), done: make(chan struct{}), onError: onError,
+		drained: make(chan struct{})}
 	go w.run()
 	return w
 }
@@ -135,6 +155,12 @@ func (w *wsWriter) run() {
 		if closed {
 			return
 		}
+		w.mu.Lock()
+		if len(w.q) == 0 {
+			close(w.drained)
+			w.drained = make(chan struct{})
+		}
+		w.mu.Unlock()
 	}
 }
 

@@ -1,0 +1,244 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/testutil"
+)
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestParkedBlockingQueriesCostMemoryNotCPU: thousands of blocking queries
+// parked on one lock cost goroutines and memory while nothing changes, no
+// CPU (nothing polls); one change answers every one of them with the new
+// status, and a query on another lock is not woken by it.
+func TestParkedBlockingQueriesCostMemoryNotCPU(t *testing.T) {
+	c := testutil.NewCluster(t, 1, testutil.Options{})
+	l := c.WaitLeader(10 * time.Second)
+	st := testutil.Get(lockURL(l, "parked", ""))
+	index := st.Uint("index")
+	const n = 2000
+	tr := &http.Transport{MaxIdleConnsPerHost: n, MaxConnsPerHost: 0}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr, Timeout: time.Minute}
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	g0 := runtime.NumGoroutine()
+	replies := make(chan api.LockStatus, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := "parked"
+			if i == 0 {
+				name = "elsewhere"
+			}
+			resp, err := hc.Get(fmt.Sprintf("%s/api/v1/locks/%s?index=%d&wait=60s", l.URL(), name, index))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			var s api.LockStatus
+			if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+				t.Error(err)
+			}
+			replies <- s
+		}()
+	}
+	// Wait until every query is parked: each holds a server goroutine.
+	// (a server handler, a connection reader and the client's loops each),
+	// and the count has settled.
+	prev := 0
+	testutil.WaitFor(t, 60*time.Second, "the queries to park", func() bool {
+		time.Sleep(500 * time.Millisecond)
+		g := runtime.NumGoroutine()
+		settled := g >= g0+2*n && g == prev
+		prev = g
+		return settled
+	})
+	cpu0, wall0 := cpuTime(), time.Now()
+	if f := os.Getenv("PARKED_CPUPROFILE"); f != "" {
+		out, _ := os.Create(f)
+		pprof.StartCPUProfile(out)
+		time.Sleep(2 * time.Second)
+		pprof.StopCPUProfile()
+		out.Close()
+	} else {
+		time.Sleep(2 * time.Second)
+	}
+	idleCPU := cpuTime() - cpu0
+	var parked runtime.MemStats
+	runtime.ReadMemStats(&parked)
+	t.Logf("%d parked blocking queries (server and client goroutines in one process): %d goroutines, heap +%.1f MiB, CPU %.1f%% of one core while idle",
+		n, runtime.NumGoroutine()-g0, float64(parked.HeapInuse-before.HeapInuse)/(1<<20),
+		100*float64(idleCPU)/float64(time.Since(wall0)))
+	if frac := float64(idleCPU) / float64(time.Since(wall0)); frac > 0.25 {
+		t.Errorf("parked queries burn %.0f%% of a core while nothing changes", 100*frac)
+	}
+	select {
+	case s := <-replies:
+		t.Fatalf("a blocking query answered with no change: %+v", s)
+	default:
+	}
+	a := testutil.Post(lockURL(l, "parked", "acquire"), map[string]any{"client_id": "c", "ttl_ms": 30000})
+	if a.Status != 200 {
+		t.Fatalf("acquire: %s", a.Raw)
+	}
+	deadline := time.After(20 * time.Second)
+	for got := 0; got < n-1; got++ {
+		select {
+		case s := <-replies:
+			if s.Lock != "parked" || !s.Held || s.ClientID != "c" || s.Index <= index {
+				t.Fatalf("answer after the acquire: %+v", s)
+			}
+		case <-deadline:
+			t.Fatalf("only %d of %d parked queries answered the acquire", got, n-1)
+		}
+	}
+	select {
+	case s := <-replies:
+		t.Fatalf("the query on another lock was woken: %+v", s)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// The last one ends with the member (its wait is a minute).
+	c.Stop()
+	wg.Wait()
+}
+
+// TestBlockingQueryAnswersEarlyOnLeaderChange: a query parked on the leader
+// answers when leadership moves (it cannot tell what it missed), and the
+// client sees the same index, so it asks again.
+func TestBlockingQueryAnswersEarlyOnLeaderChange(t *testing.T) {
+	c := testutil.NewCluster(t, 3, testutil.Options{})
+	l := c.WaitLeader(10 * time.Second)
+	st := testutil.Get(lockURL(l, "moving", ""))
+	done := make(chan testutil.Reply, 1)
+	go func() {
+		done <- testutil.Get(fmt.Sprintf("%s?index=%d&wait=60s", lockURL(l, "moving", ""), st.Uint("index")))
+	}()
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	if r := testutil.Post(l.URL()+"/api/v1/cluster/transfer-leadership", map[string]any{}); r.Status != 200 {
+		t.Fatalf("transfer: %s", r.Raw)
+	}
+	select {
+	case r := <-done:
+		if r.Status != 200 || r.Uint("index") != st.Uint("index") {
+			t.Fatalf("early answer: %d %s", r.Status, r.Raw)
+		}
+		t.Logf("answered %v after the transfer began", time.Since(start).Round(time.Millisecond))
+	case <-time.After(15 * time.Second):
+		t.Fatal("the blocking query did not answer after leadership moved")
+	}
+}
+
+// TestWatchFollowsEveryChangeInOrder: a prefix watch sees one changed frame
+// per committed change of a lock under it, indexes strictly rising per
+// lock, and its last frame for each lock matches the replicated state.
+// (httpapi's TestSlowWatcherResyncs covers a reader that falls behind.)
+func TestWatchFollowsEveryChangeInOrder(t *testing.T) {
+	c := testutil.NewCluster(t, 1, testutil.Options{})
+	l := c.WaitLeader(10 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, _, err := websocket.Dial(ctx, strings.Replace(l.URL(), "http", "ws", 1)+"/api/v1/ws", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseNow()
+	conn.SetReadLimit(1 << 20)
+	send := func(v any) {
+		b, _ := json.Marshal(v)
+		if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var frames []string
+	read := func() api.WSMessage {
+		_, b, err := conn.Read(ctx)
+		if err != nil {
+			t.Fatalf("%v after %d frames, the last %q", err, len(frames), frames[max(0, len(frames)-3):])
+		}
+		frames = append(frames, string(b))
+		var m api.WSMessage
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	prefix := "wt/"
+	send(map[string]any{"id": 1, "op": "hello", "client_id": "watcher", "session_ttl_ms": 120000})
+	if m := read(); m.Type != api.TypeHello {
+		t.Fatalf("hello: %+v", m)
+	}
+	send(map[string]any{"id": 2, "op": "watch", "prefix": prefix})
+	if m := read(); m.Type != api.TypeOK || m.WatchID == 0 {
+		t.Fatalf("watch: %+v", m)
+	}
+	// Changes on three locks from concurrent writers.
+	const rounds = 40
+	var wg sync.WaitGroup
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := fmt.Sprintf("%sl%d", prefix, w)
+			for range rounds {
+				a := testutil.Post(lockURL(l, name, "acquire"), map[string]any{"client_id": "w", "ttl_ms": 30000})
+				if a.Status != 200 {
+					t.Errorf("acquire: %s", a.Raw)
+					return
+				}
+				testutil.Post(lockURL(l, name, "release"), map[string]any{"client_id": "w", "fencing_token": a.Uint("fencing_token")})
+			}
+		}()
+	}
+	wg.Wait()
+	last := map[string]uint64{}
+	held := map[string]bool{}
+	changes := 0
+	for changes < 3*rounds*2 {
+		m := read()
+		if m.Type == api.TypeResync {
+			t.Fatalf("resync with a reader that keeps up")
+		}
+		if m.Type != api.TypeChanged {
+			continue
+		}
+		if m.Index <= last[m.Lock] {
+			t.Fatalf("%s: index %d after %d", m.Lock, m.Index, last[m.Lock])
+		}
+		if m.Status == nil || m.Status.Index != m.Index {
+			t.Fatalf("changed frame without its status: %+v", m)
+		}
+		last[m.Lock], held[m.Lock] = m.Index, m.Status.Held
+		changes++
+	}
+	for name, h := range held {
+		st := testutil.Get(lockURL(l, name, ""))
+		if st.Body["held"] != h || st.Uint("index") != last[name] {
+			t.Fatalf("%s: last change seen held=%v index=%d, state %s", name, h, last[name], st.Raw)
+		}
+	}
+}
