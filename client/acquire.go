@@ -70,8 +70,9 @@ func WithShared() AcquireOption {
 // lock sets n; while the lock has holders or waiters, an acquire giving
 // another n fails with an error matching ErrLimitMismatch, and one without
 // WithLimit joins whatever the lock has. A client holds at most one permit
-// of a lock (acquire is idempotent per client ID). Not with AcquireMany,
-// which takes limit-1 locks only.
+// of a lock (acquire is idempotent per client ID). WithLimit(0) is no
+// WithLimit. Not with AcquireMany (above 1), which takes limit-1 locks
+// only.
 func WithLimit(n int) AcquireOption {
 	return func(o *acquireOptions) { o.limit = n }
 }

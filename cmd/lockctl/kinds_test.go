@@ -197,3 +197,72 @@ func TestRunShared(t *testing.T) {
 		t.Fatalf("exclusive run beside a reader: exit %d: %s", code, out)
 	}
 }
+
+// TestKindsOnACluster: the lock-kind commands against lockd itself.
+func TestKindsOnACluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	c, env := plainCluster(t, 1)
+
+	for _, id := range []string{"r1", "r2"} {
+		if code, out, _ := cli(t, env, "acquire", "rw", "--shared", "--client-id", id, "--value", "reader "+id); code != exitOK || !strings.Contains(out, "mode=shared") {
+			t.Fatalf("shared acquire by %s: %d %q", id, code, out)
+		}
+	}
+	code, out, _ := cli(t, env, "status", "rw")
+	for _, want := range []string{"rw held client_id=r1", "mode=shared", "holders=2", `value="reader r1"`, "\n  holder client_id=r2", `value="reader r2"`} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Fatalf("status: %d %q lacks %q", code, out, want)
+		}
+	}
+	if code, _, errs := cli(t, env, "acquire", "rw", "--client-id", "w"); code != exitNotAcquired || !strings.Contains(errs, "held by r1") {
+		t.Fatalf("exclusive acquire of a read-held lock: %d %q", code, errs)
+	}
+	if code, _, errs := cli(t, env, "acquire", "rw", "--limit", "3", "--client-id", "w"); code != exitError || !strings.Contains(errs, "limit mismatch") {
+		t.Fatalf("another limit: %d %q", code, errs)
+	}
+
+	// Several names: all or nothing.
+	if code, _, _ := cli(t, env, "acquire", "acct/b", "--client-id", "o"); code != exitOK {
+		t.Fatal("acquire acct/b")
+	}
+	code, _, errs := cli(t, env, "acquire", "acct/a", "acct/b", "--client-id", "m")
+	if code != exitNotAcquired || !strings.Contains(errs, "acct/b") || !strings.Contains(errs, "held by o") {
+		t.Fatalf("multi try with acct/b held: %d %q", code, errs)
+	}
+	code, out, _ = cli(t, env, "acquire", "acct/c", "acct/d", "--client-id", "m", "-o", "json")
+	var rep api.AcquireReply
+	if code != exitOK || json.Unmarshal([]byte(out), &rep) != nil || len(rep.Grants) != 2 || rep.Grants[1].Lock != "acct/d" {
+		t.Fatalf("multi acquire: %d %q", code, out)
+	}
+
+	// Revocation starts the lock-delay.
+	code, out, _ = cli(t, env, "acquire", "ld", "--client-id", "h", "--lock-delay", "30s", "-o", "json")
+	if code != exitOK || json.Unmarshal([]byte(out), &rep) != nil {
+		t.Fatalf("acquire --lock-delay: %d %q", code, out)
+	}
+	if code, out, _ := cli(t, env, "revoke", "ld"); code != exitOK || !strings.Contains(out, "ld revoked tokens="+strconv.FormatUint(rep.FencingToken, 10)) {
+		t.Fatalf("revoke: %d %q", code, out)
+	}
+	if code, out, _ := cli(t, env, "status", "ld"); code != exitOK || !strings.Contains(out, "ld free waiters=0 delayed_until=") {
+		t.Fatalf("status during the lock-delay: %d %q", code, out)
+	}
+	if code, _, errs := cli(t, env, "revoke", "acct/c", "--token", "999999"); code != exitNotHolder {
+		t.Fatalf("revoke of a token nobody has: %d %q", code, errs)
+	}
+	code, out, _ = cli(t, env, "list")
+	for _, want := range []string{"LOCK", "MODE", "DELAYED_UNTIL", "r1,r2", "shared", "ld "} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Fatalf("list: %d %q lacks %q", code, out, want)
+		}
+	}
+
+	// run with two locks on the real cluster.
+	ep := c.WaitLeader(10 * time.Second).URL()
+	buf := &testutil.SyncBuffer{}
+	cmd := runLockctl(t, ep, buf, "run", "job/y,job/x", "--shared", "--", "sh", "-c", `echo "lock=$LOCKD_LOCK token=$LOCKD_FENCING_TOKEN"`)
+	if code := exitOf(t, cmd, 20*time.Second); code != 0 || !strings.Contains(buf.String(), "lock=job/x,job/y token=") {
+		t.Fatalf("run with two locks: exit %d: %s", code, buf)
+	}
+}
