@@ -44,13 +44,28 @@ type Report struct {
 	RestoresChecked  int // forced restores with grants on both sides
 	KeepalivesPaused int // keepalives sent to a paused leader
 	MemberAdds       int // member additions no member may accept
-	LinPartitions    int
-	LinOps           int
-	LinResult        porcupine.CheckResult
-	LinTime          time.Duration
-	LinInfo          porcupine.LinearizationInfo
-	linModel         porcupine.Model
-	linVisual        bool
+	// Lock kinds (kinds_checkers_test.go).
+	KindIntervals      int // kinds grants with a non-empty safe interval
+	KindReads          int // linearizable reads of kinds locks checked (holder sets)
+	KindReadGrants     int // grants that held throughout a read of their lock, checked shown
+	MultiGrants        int // multi-acquires granted (checked atomic)
+	MultiGrantsWS      int // of them, over WebSocket
+	MultiSnapshots     int // lists that showed part of a multi-acquire's grant, checked for the rest
+	DelaysChecked      int // grants with lock_delay_ms that ended without a release
+	DelayGrantsChecked int // later grants of their locks checked against the delay
+	DelayRounds        int // delay rounds whose waiter was checked granted in time
+	MismatchChecked    int // acquires naming another limit while the lock held, checked refused
+	Revokes            int // revokes answered
+	RevokedTokens      int // grants they ended
+	RevokedRefused     int // releases of revoked grants answered not_holder
+	RevokeTold         int // revoked WebSocket grants checked for their lost push
+	LinPartitions      int
+	LinOps             int
+	LinResult          porcupine.CheckResult
+	LinTime            time.Duration
+	LinInfo            porcupine.LinearizationInfo
+	linModel           porcupine.Model
+	linVisual          bool
 }
 
 // CheckOptions tune the checkers.
@@ -110,6 +125,14 @@ type grant struct {
 	ExpiryLB int64
 	// ReleaseSent is the first invoke of a release of this grant.
 	ReleaseSent int64
+	// Mode is the grant's mode as a reply or a read gave it ("" when
+	// none said); DelayMs the lock_delay_ms it was asked with; AckExpires
+	// the latest expires_at an acquire or renew reply gave it (0: none).
+	Mode       string
+	DelayMs    int64
+	AckExpires int64
+	// Via is how the first acquire that reported it was sent.
+	Via string
 	// AckOp is the first acquire that reported the grant (-1: none).
 	AckOp int
 	Ops   []int
@@ -162,10 +185,15 @@ func grants(h History, v *violations) map[uint64]*grant {
 			}
 			g := get(op, op.Lock, op.ClientID, op.OutToken)
 			if op.Return < g.FirstReply {
-				g.AckOp = op.ID
+				g.AckOp, g.Via = op.ID, op.Via
 			}
 			g.FirstReply = min(g.FirstReply, op.Return)
 			g.FirstSeen = min(g.FirstSeen, op.Return)
+			if op.GrantMode != "" {
+				g.Mode = op.GrantMode
+			}
+			g.DelayMs = max(g.DelayMs, op.DelayMs)
+			g.AckExpires = max(g.AckExpires, op.ExpiresAt)
 			if t, ok := firstInvoke[op.Attempt]; ok && op.Attempt != 0 {
 				g.LB = min(g.LB, t)
 			} else {
@@ -175,9 +203,15 @@ func grants(h History, v *violations) map[uint64]*grant {
 		case op.Kind == KindRenew && op.Outcome == Ok:
 			g := get(op, op.Lock, op.ClientID, op.Token)
 			g.ExpiryLB = max(g.ExpiryLB, op.ExpiryLB)
-		case op.Kind == KindRead && op.Outcome == Ok && op.Held:
-			g := get(op, op.Lock, op.Holder, op.OutToken)
-			g.FirstSeen = min(g.FirstSeen, op.Return)
+			g.AckExpires = max(g.AckExpires, op.ExpiresAt)
+		case op.Kind == KindRead && op.Outcome == Ok:
+			for _, sh := range op.shown() {
+				g := get(op, op.Lock, sh.Client, sh.Token)
+				g.FirstSeen = min(g.FirstSeen, op.Return)
+				if g.Mode == "" {
+					g.Mode = sh.Mode
+				}
+			}
 		}
 	}
 	// SPEC: an acquire by the current holder returns the current grant. So
@@ -231,11 +265,14 @@ func (r *Report) Total() int {
 func Check(h History, opts CheckOptions) *Report {
 	r := &Report{}
 	v := &violations{}
-	gs := grants(h, v)
+	// The checkers of single grants read a multi-acquire as one acquire
+	// per lock (expandMulti); the lock-kinds checkers read it whole.
+	eh := expandMulti(h)
+	gs := grants(eh, v)
 	// A forced restore rolls the lock table back by design: the checkers
 	// that assume state only moves forward do not read the restore
 	// phase's ops. Tokens never go back, restore or not.
-	fwd := withoutRollback(h)
+	fwd := withoutRollback(eh)
 	fgs := grants(fwd, &violations{})
 	checkMutualExclusion(fwd, fgs, r, v)
 	checkTokenOrder(gs, r, v)
@@ -245,12 +282,14 @@ func Check(h History, opts CheckOptions) *Report {
 	checkFence(h, r, v)
 	checkReplies(h, v)
 	checkLinearizable(fwd, opts, r, v)
-	checkExpiry(h, r, v)
-	checkWaiterTold(h, r, v)
-	checkLostLate(h, gs, r, v)
-	checkTokenReissue(h, gs, r, v)
+	checkKinds(withoutRollback(h), fgs, r, v)
+	checkExpiry(eh, r, v)
+	checkWaiterTold(eh, r, v)
+	checkLostLate(eh, gs, r, v)
+	checkTokenReissue(eh, gs, r, v)
 	checkKeepalives(h, r, v)
 	checkMembers(h, r, v)
+	checkKindsLiveness(h, gs, r, v)
 	r.Violations, r.Counts = v.list, v.count
 	return r
 }
@@ -298,6 +337,9 @@ func checkMutualExclusion(h History, gs map[uint64]*grant, r *Report, v *violati
 	for _, g := range gs {
 		if g.FirstReply == math.MaxInt64 {
 			continue // only reads saw it: nobody relied on holding it
+		}
+		if isKind(g.Lock) {
+			continue // several holders may be right: checkKinds
 		}
 		r.Grants++
 		end := min(g.ReleaseSent, g.ExpiryLB)
@@ -504,19 +546,21 @@ func checkReleases(h History, r *Report, v *violations) {
 	}
 	r.ReleasesAcked = len(released)
 	for _, op := range h.Ops {
-		var tok uint64
+		var toks []uint64
 		switch {
-		case op.Kind == KindRead && op.Outcome == Ok && op.Held:
-			tok = op.OutToken
+		case op.Kind == KindRead && op.Outcome == Ok:
+			for _, sh := range op.shown() {
+				toks = append(toks, sh.Token)
+			}
 		case op.Kind == KindRenew && op.Outcome == Ok:
-			tok = op.Token
+			toks = []uint64{op.Token}
 		case op.Kind == KindAcquire && op.Outcome == Ok:
-			tok = op.OutToken
-		default:
-			continue
+			toks = []uint64{op.OutToken}
 		}
-		if rel, ok := released[tok]; ok && op.Invoke > rel.Return {
-			v.add("release-undone", []int{rel.ID, op.ID}, "release of token %d acknowledged at %s, then %s", tok, ms(rel.Return), op)
+		for _, tok := range toks {
+			if rel, ok := released[tok]; ok && op.Invoke > rel.Return {
+				v.add("release-undone", []int{rel.ID, op.ID}, "release of token %d acknowledged at %s, then %s", tok, ms(rel.Return), op)
+			}
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,17 @@ const (
 	// KindMemberPanic records panics found in a member's log after the run
 	// (Node: the log, Err: the panic and where, and how often).
 	KindMemberPanic OpKind = "member-panic"
+	// KindMulti is a multi-acquire (POST /api/v1/acquire, or a WebSocket
+	// acquire with "locks"): Locks in name order, Grants from the reply;
+	// a refusal names the first blocking lock in Lock (and its Holder).
+	KindMulti OpKind = "acquire-many"
+	// KindRevoke is DELETE /api/v1/locks/{name}[?fencing_token=Token]:
+	// Revoked lists the tokens the reply says it ended.
+	KindRevoke OpKind = "revoke"
+	// KindWSClosed is the end of a raw WebSocket connection of the kinds
+	// workload (Invoke: when the client saw it end): pushes for its
+	// session stop there.
+	KindWSClosed OpKind = "ws-closed"
 )
 
 // Outcome is what the client learned.
@@ -98,8 +110,65 @@ type Op struct {
 	// Go client may drop by itself. 0: the grant may end at any time.
 	ExpiryLB int64 `json:"expiry_lb,omitempty"`
 	// Tag marks ops of a scenario: "fifo:R:holder", "fifo:R:w2",
-	// "fifo:R:confirm", "durable:R:I", "durable:R:I:check".
+	// "fifo:R:confirm", "durable:R:I", "durable:R:I:check",
+	// "mismatch:T" (an acquire with a wrong limit sent while the sender's
+	// own grant T of the lock held), "delay:R:holder", "delay:R:waiter".
 	Tag string `json:"tag,omitempty"`
+
+	// Lock kinds (SPEC "Lock kinds"), on locks named kindPrefix*.
+	// Mode: acquire, the mode asked for; read, the status's mode.
+	// GrantMode: the mode of an acquire's grant as the reply gave it.
+	Mode      string `json:"mode,omitempty"`
+	GrantMode string `json:"grant_mode,omitempty"`
+	// Limit: acquire, the limit asked for (0: none given); read, the
+	// status's limit.
+	Limit   int64 `json:"limit,omitempty"`
+	DelayMs int64 `json:"delay_ms,omitempty"` // acquire: lock_delay_ms
+	// Locks and Grants: a multi-acquire's names (name order) and the
+	// grants its reply listed.
+	Locks  []string   `json:"locks,omitempty"`
+	Grants []GrantRec `json:"grants,omitempty"`
+	// Holders: a read of a kinds lock, every grant the status listed (by
+	// token); DelayedUntil its delayed_until (history time).
+	Holders      []HolderRec `json:"holders,omitempty"`
+	DelayedUntil int64       `json:"delayed_until,omitempty"`
+	// Revoked: the tokens a revoke's reply says it ended.
+	Revoked []uint64 `json:"revoked,omitempty"`
+	// Snap numbers the reads of one list request that was one page: a
+	// snapshot of the whole table at one log index, in which a lock that
+	// is not listed is free.
+	Snap int64 `json:"snap,omitempty"`
+}
+
+// GrantRec is one grant of a multi-acquire's reply.
+type GrantRec struct {
+	Lock      string `json:"lock"`
+	Token     uint64 `json:"token"`
+	ExpiresAt int64  `json:"expires_at,omitempty"` // history time
+	Mode      string `json:"mode,omitempty"`
+}
+
+// HolderRec is one grant a lock's status listed.
+type HolderRec struct {
+	Client    string `json:"client"`
+	Token     uint64 `json:"token"`
+	ExpiresAt int64  `json:"expires_at,omitempty"` // history time
+	Mode      string `json:"mode,omitempty"`
+}
+
+// shown returns the grants a successful read shows held: every holder of
+// a kinds lock's status, or the one holder of an ordinary lock.
+func (o Op) shown() []HolderRec {
+	if o.Kind != KindRead || o.Outcome != Ok {
+		return nil
+	}
+	if len(o.Holders) > 0 {
+		return o.Holders
+	}
+	if !o.Held {
+		return nil
+	}
+	return []HolderRec{{Client: o.Holder, Token: o.OutToken, ExpiresAt: o.ExpiresAt, Mode: o.Mode}}
 }
 
 func (o Op) String() string {
@@ -116,17 +185,54 @@ func (o Op) String() string {
 	if o.WaitMs != 0 {
 		s += fmt.Sprintf(" wait=%dms", o.WaitMs)
 	}
+	if o.Mode != "" && o.Kind != KindRead {
+		s += " mode=" + o.Mode
+	}
+	if o.Limit != 0 && o.Kind != KindRead {
+		s += fmt.Sprintf(" limit=%d", o.Limit)
+	}
+	if o.DelayMs != 0 {
+		s += fmt.Sprintf(" lock_delay=%dms", o.DelayMs)
+	}
+	if len(o.Locks) > 0 {
+		s += " locks=" + strings.Join(o.Locks, ",")
+	}
 	s += fmt.Sprintf(") [%s, %s] → %s", ms(o.Invoke), ms(o.Return), o.Outcome)
 	if o.Code != "" {
 		s += " " + o.Code
 	}
 	switch {
+	case o.Kind == KindRead && o.Outcome == Ok && len(o.Holders) > 0:
+		hs := make([]string, len(o.Holders))
+		for i, h := range o.Holders {
+			hs[i] = fmt.Sprintf("%s/%d/%s", h.Client, h.Token, h.Mode)
+			if h.ExpiresAt != 0 {
+				hs[i] += "/exp " + ms(h.ExpiresAt)
+			}
+		}
+		s += fmt.Sprintf(" held (%s, limit %d) by [%s] waiters %d", o.Mode, o.Limit, strings.Join(hs, " "), o.Waiters)
 	case o.Kind == KindRead && o.Outcome == Ok && o.Held:
 		s += fmt.Sprintf(" held by %s token %d waiters %d", o.Holder, o.OutToken, o.Waiters)
 	case o.Kind == KindRead && o.Outcome == Ok:
 		s += fmt.Sprintf(" free waiters %d", o.Waiters)
 	case o.OutToken != 0:
 		s += fmt.Sprintf(" token %d", o.OutToken)
+	}
+	if o.GrantMode != "" {
+		s += " granted " + o.GrantMode
+	}
+	for _, g := range o.Grants {
+		s += fmt.Sprintf(" [%s token %d %s", g.Lock, g.Token, g.Mode)
+		if g.ExpiresAt != 0 {
+			s += " expires_at " + ms(g.ExpiresAt)
+		}
+		s += "]"
+	}
+	if o.Kind == KindRevoke && o.Outcome == Ok {
+		s += fmt.Sprintf(" revoked %v", o.Revoked)
+	}
+	if o.DelayedUntil != 0 {
+		s += " delayed_until " + ms(o.DelayedUntil)
 	}
 	if o.ExpiresAt != 0 {
 		s += " expires_at " + ms(o.ExpiresAt)

@@ -18,9 +18,11 @@ import (
 // livenessCheckers are the checkers of progress. The summary and the test
 // output report them apart from the safety checkers.
 var livenessCheckers = map[string]bool{
-	"expiry":      true, // a lock nobody renews is free by expires_at + one election timeout + 1 s
-	"waiter-told": true, // a waiter learns of its grant (or of its wait's end) while its connection lives
-	"member-exit": true, // no member process dies unless the harness stops it
+	"expiry":       true, // a lock nobody renews is free by expires_at + one election timeout + 1 s
+	"waiter-told":  true, // a waiter learns of its grant (or of its wait's end) while its connection lives
+	"member-exit":  true, // no member process dies unless the harness stops it
+	"delay-waiter": true, // after a lock-delay ends, the first waiter is granted (expires_at + delay + election timeout + 1 s)
+	"revoke-told":  true, // a revoked WebSocket holder is pushed lost (reason revoked) while its connection lives
 }
 
 // electionTimeout is the members' election timeout: the grace a new leader
@@ -147,12 +149,15 @@ func checkExpiry(h History, r *Report, v *violations) {
 			electionTimeout(h), ms(bound), moved)
 	}
 	for _, op := range h.Ops {
-		if op.Kind == KindRead && op.Outcome == Ok && op.Held && op.ExpiresAt != 0 {
+		for _, sh := range op.shown() {
+			if sh.ExpiresAt == 0 {
+				continue
+			}
 			r.ExpiryChecked++
-			if op.Invoke > op.ExpiresAt {
+			if op.Invoke > sh.ExpiresAt {
 				r.ExpiryPast++
 			}
-			flag(op, op.Lock, op.Holder, op.OutToken, op.ExpiresAt, "by a read")
+			flag(op, op.Lock, sh.Client, sh.Token, sh.ExpiresAt, "by a read")
 		}
 	}
 	type key struct{ lock, client string }
@@ -223,15 +228,22 @@ const waiterSlack = time.Second
 func checkWaiterTold(h History, r *Report, v *violations) {
 	ds := disturbances(h, quietFaults)
 	type key struct{ lock, client string }
-	reads := map[key][]Op{}
+	// A read that shows the client holding: the read, its token there.
+	type shownRead struct {
+		Op
+		tok uint64
+	}
+	reads := map[key][]shownRead{}
 	acked := map[key][]Op{}
 	for _, op := range h.Ops {
-		k := key{op.Lock, op.Holder}
 		switch {
-		case op.Kind == KindRead && op.Outcome == Ok && op.Held:
-			reads[k] = append(reads[k], op)
+		case op.Kind == KindRead && op.Outcome == Ok:
+			for _, sh := range op.shown() {
+				k := key{op.Lock, sh.Client}
+				reads[k] = append(reads[k], shownRead{op, sh.Token})
+			}
 		case op.Kind == KindAcquire && op.Outcome == Ok:
-			k.client = op.ClientID
+			k := key{op.Lock, op.ClientID}
 			acked[k] = append(acked[k], op)
 		}
 	}
@@ -269,10 +281,10 @@ func checkWaiterTold(h History, r *Report, v *violations) {
 			return len(overlapping(ds, from-int64(waiterSlack), a.Return-int64(waiterSlack))) == 0
 		}
 		k := key{a.Lock, a.ClientID}
-		var ev *Op
+		var ev *shownRead
 		for i, rd := range reads[k] {
-			if rd.Invoke >= a.Invoke && rd.Return+int64(waiterSlack) <= a.Return && !knownBefore(k, rd.OutToken, a.Invoke) &&
-				(a.Outcome != Ok || rd.OutToken == a.OutToken) && quiet(rd.Invoke) {
+			if rd.Invoke >= a.Invoke && rd.Return+int64(waiterSlack) <= a.Return && !knownBefore(k, rd.tok, a.Invoke) &&
+				(a.Outcome != Ok || rd.tok == a.OutToken) && quiet(rd.Invoke) {
 				ev = &reads[k][i]
 				break
 			}
@@ -282,11 +294,11 @@ func checkWaiterTold(h History, r *Report, v *violations) {
 		case ev != nil && a.Outcome == Ok:
 			v.add("waiter-told", []int{a.ID, ev.ID},
 				"lock %s: waiter %s (acquire sent at %s, wait %s) was told of its grant late: a read returned at %s shows it holding token %d, and the acquire %s, %s later",
-				a.Lock, a.ClientID, ms(a.Invoke), wait, ms(ev.Return), ev.OutToken, ending, time.Duration(a.Return-ev.Return).Round(time.Millisecond))
+				a.Lock, a.ClientID, ms(a.Invoke), wait, ms(ev.Return), ev.tok, ending, time.Duration(a.Return-ev.Return).Round(time.Millisecond))
 		case ev != nil:
 			v.add("waiter-told", []int{a.ID, ev.ID},
 				"lock %s: waiter %s (acquire sent at %s, wait %s) was never told of its grant: a read returned at %s shows it holding token %d, and the acquire %s",
-				a.Lock, a.ClientID, ms(a.Invoke), wait, ms(ev.Return), ev.OutToken, ending)
+				a.Lock, a.ClientID, ms(a.Invoke), wait, ms(ev.Return), ev.tok, ending)
 		case silent:
 			v.add("waiter-told", []int{a.ID},
 				"lock %s: waiter %s (acquire sent at %s, wait %s, deadline %s) was never answered, neither granted nor wait_timeout: it %s",

@@ -5,8 +5,10 @@
 // that read the recorded history: mutual exclusion, fencing-token order
 // (also across a forced restore), FIFO, durability of acknowledged writes,
 // the fencestore's token order, linearizability of lock operations with
-// porcupine — and liveness: locks expire, waiters are told, the Go client
-// lets go in time, no member dies (see README.md).
+// porcupine, the lock kinds (semaphore limits, shared beside exclusive,
+// atomic multi-acquires, lock-delays, revocation) — and liveness: locks
+// expire, waiters are told, the Go client lets go in time, no member dies
+// (see README.md).
 //
 //	go test ./test/chaos -run Chaos -v                         # CI: ~30 s on 3 members + ~15 s on 5
 //	go test ./test/chaos -run Chaos -v -timeout 0 -chaos.duration=10m -chaos.members=5 -chaos.seed=7

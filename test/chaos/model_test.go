@@ -278,7 +278,7 @@ func modelOutcome(op Op) (Outcome, bool) {
 	switch {
 	case op.Outcome == Ok, op.Outcome == Unknown:
 		return op.Outcome, true
-	case op.Code == "lock_held", op.Code == "wait_timeout", op.Code == "not_holder":
+	case op.Code == "lock_held", op.Code == "wait_timeout", op.Code == "not_holder", op.Code == "limit_mismatch":
 		return Fail, true
 	case op.Code == "":
 		return Fail, false
@@ -297,6 +297,11 @@ func porcupineOps(h History) []porcupine.Operation {
 	workers := map[string]int{}
 	var out []porcupine.Operation
 	for _, op := range h.Ops {
+		if isKind(op.Lock) {
+			// Lock kinds are checked by checkKinds, not by this model of
+			// an exclusive lock (see there why).
+			continue
+		}
 		switch op.Kind {
 		case KindAcquire, KindRelease, KindRenew:
 		case KindRead:

@@ -51,12 +51,14 @@ func TestChaos(t *testing.T) {
 		cfg := runConfig{Members: members, Duration: *flagDuration, Seed: seed, Faults: faultKinds(nil), Explicit: true,
 			RestoreRounds: 5,
 			Workload: WorkloadOptions{HTTPWorkers: 5, ClientWorkers: 2, Readers: 2, FIFO: true, Keeper: true,
-				Hasty: 2, Cancellers: 1, Scenarios: true, Probe: true}}
+				Hasty: 2, Cancellers: 1, Scenarios: true, Probe: true,
+				KindsHTTP: 2, KindsWS: 2, DelayRounds: true, Revoker: true}}
 		t.Run(fmt.Sprintf("members=%d", members), func(t *testing.T) { runChaos(t, cfg) })
 		return
 	}
 	small := WorkloadOptions{HTTPWorkers: 3, ClientWorkers: 1, Readers: 2, FIFO: true, Keeper: true,
-		Hasty: 1, Cancellers: 1, Scenarios: true, Probe: true}
+		Hasty: 1, Cancellers: 1, Scenarios: true, Probe: true,
+		KindsHTTP: 1, KindsWS: 1, DelayRounds: true, Revoker: true}
 	t.Run("members=3", func(t *testing.T) {
 		runChaos(t, runConfig{Members: 3, Duration: 30 * time.Second, Seed: seed, Workload: small, RestoreRounds: 3,
 			Faults: faultKinds([]string{FaultKillLeader, FaultPauseLeader, FaultPartition, FaultOneWayLeader,
@@ -250,12 +252,14 @@ func summarize(cfg runConfig, h History, rep *Report, nem *Nemesis, c *Cluster, 
 		}
 		via[op.Via]++
 	}
-	fmt.Fprintf(&b, "operations: %d (http %d, go client %d, nemesis %d)\n", len(h.Ops), via["http"], via["client"], via["nemesis"])
-	for _, k := range []OpKind{KindAcquire, KindRelease, KindRenew, KindRead, KindFence, KindKeepalive, KindLost, KindMemberAdd, KindMemberExit, KindMemberPanic} {
+	fmt.Fprintf(&b, "operations: %d (http %d, go client %d, websocket %d, nemesis %d)\n", len(h.Ops), via["http"], via["client"], via["ws"], via["nemesis"])
+	for _, k := range []OpKind{KindAcquire, KindMulti, KindRelease, KindRenew, KindRevoke, KindRead, KindFence, KindKeepalive, KindLost,
+		KindWSClosed, KindMemberAdd, KindMemberExit, KindMemberPanic} {
 		if c := byKind[k]; c != nil {
-			fmt.Fprintf(&b, "  %-8s ok %7d  refused %7d  unknown %6d\n", k, c.ok, c.fail, c.unknown)
+			fmt.Fprintf(&b, "  %-12s ok %7d  refused %7d  unknown %6d\n", k, c.ok, c.fail, c.unknown)
 		}
 	}
+	b.WriteString(kindsSummary(h, rep))
 	fmt.Fprintf(&b, "grants: %d acknowledged, %d with a non-empty safe interval checked for overlap; %d real-time token pairs ordered; %d releases acknowledged\n",
 		rep.Grants, rep.Intervals, rep.OrderedPairs, rep.ReleasesAcked)
 	fmt.Fprintf(&b, "fifo: %d rounds with waiters proven queued together, %d ordered pairs checked\n", rep.FIFORounds, rep.FIFOPairs)

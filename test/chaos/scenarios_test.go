@@ -271,13 +271,20 @@ func (w *Workload) list(ctx context.Context, ep *endpoint, worker, prefix, tag s
 				Outcome: Unknown, Code: "unexpected", Err: fmt.Sprintf("a list reply that does not parse: %.200q", r.body)})
 			return out
 		}
+		// One page of the whole table is one read at one log index: a
+		// snapshot (a kinds lock it does not list was free).
+		var snap int64
+		if prefix == "" && page == 0 && ll.Next == "" {
+			snap = w.snapSeq.Add(1)
+		}
 		for _, st := range ll.Locks {
 			if strings.HasPrefix(st.Lock, unrecordedPrefix) {
 				continue
 			}
 			op := Op{Worker: worker, Via: w.via, Kind: KindRead, Lock: st.Lock, Tag: tag, Invoke: inv, Return: ret,
 				Outcome: Ok, Status: r.status, Held: st.Held, Holder: st.ClientID, OutToken: st.FencingToken,
-				Waiters: st.Waiters, ExpiresAt: w.wallTime(st.ExpiresAt)}
+				Waiters: st.Waiters, ExpiresAt: w.wallTime(st.ExpiresAt), Snap: snap}
+			w.fillKinds(&op, st)
 			out = append(out, w.rec.Add(op))
 		}
 		if ll.Next == "" {

@@ -40,6 +40,13 @@ type WorkloadOptions struct {
 	// now and then, so a lock held past its expiry is seen.
 	Hasty, Cancellers int
 	Scenarios, Probe  bool
+	// Lock kinds (kinds_workload_test.go): KindsHTTP raw HTTP and KindsWS
+	// raw WebSocket workers taking shared and exclusive grants of
+	// read-write locks, permits of semaphores and multi-acquires;
+	// DelayRounds runs lock-delay rounds; Revoker revokes held grants now
+	// and then.
+	KindsHTTP, KindsWS   int
+	DelayRounds, Revoker bool
 	// ElectionTimeout is the members' election timeout (0: lockd's
 	// default): waits that must outlast an expiry are sized with it.
 	ElectionTimeout time.Duration
@@ -64,6 +71,14 @@ type Workload struct {
 	mu      sync.Mutex
 	clients []*client.Client
 	held    map[*client.Lock][2]string // Go-client locks not lost yet → worker, client id
+
+	// Lock kinds: grants the revoker may pick (token → grant), raw
+	// WebSocket clients to close at the end, list snapshot ids.
+	kmu     sync.Mutex
+	kheld   map[uint64]kindHeld
+	kgone   []kindHeld // grants held lately, released or not
+	kws     []*kwsClient
+	snapSeq atomic.Int64
 
 	// watchers record when Lost() closes for each Go-client grant;
 	// closingAt is when Run began closing the clients (history time, 0
@@ -134,7 +149,22 @@ func (w *Workload) Run(ctx context.Context) {
 	if w.opts.Probe {
 		spawn(w.probe, 900)
 	}
+	for i := 0; i < w.opts.KindsHTTP; i++ {
+		id := i
+		spawn(func(ctx context.Context, rng *rand.Rand) { w.kindsHTTPWorker(ctx, id, rng) }, uint64(1000+i))
+	}
+	for i := 0; i < w.opts.KindsWS; i++ {
+		id := i
+		spawn(func(ctx context.Context, rng *rand.Rand) { w.kindsWSWorker(ctx, id, rng) }, uint64(1100+i))
+	}
+	if w.opts.DelayRounds {
+		spawn(w.delayRounds, 1200)
+	}
+	if w.opts.Revoker {
+		spawn(w.revoker, 1300)
+	}
 	wg.Wait()
+	w.closeKWS()
 	w.mu.Lock()
 	cs := w.clients
 	w.clients = nil
@@ -314,11 +344,15 @@ func (w *Workload) acquire(ctx context.Context, ep *endpoint, worker, lock, cid 
 
 // acquireWithin is acquire with the client's own timeout.
 func (w *Workload) acquireWithin(ctx context.Context, ep *endpoint, worker, lock, cid string, attempt int64, ttl, wait time.Duration, tag string, timeout time.Duration) Op {
+	return w.acquireKind(ctx, ep, worker, lock, cid, attempt, ttl, wait, kindOpts{}, tag, timeout)
+}
+
+// acquireKind is acquireWithin with the lock-kind fields of ko.
+func (w *Workload) acquireKind(ctx context.Context, ep *endpoint, worker, lock, cid string, attempt int64, ttl, wait time.Duration, ko kindOpts, tag string, timeout time.Duration) Op {
 	ttlMs, waitMs := ttl.Milliseconds(), wait.Milliseconds()
 	op := Op{Worker: worker, Via: w.via, Kind: KindAcquire, Lock: lock, ClientID: cid, Attempt: attempt,
-		TTLms: ttlMs, WaitMs: waitMs, Tag: tag, Invoke: w.rec.Now()}
-	r := w.call(ctx, ep, http.MethodPost, lockPath(lock, "acquire"),
-		api.AcquireRequest{ClientID: cid, TTLms: &ttlMs, WaitTimeoutMs: &waitMs}, timeout)
+		TTLms: ttlMs, WaitMs: waitMs, Tag: tag, Mode: ko.Mode, Limit: ko.Limit, DelayMs: ko.DelayMs, Invoke: w.rec.Now()}
+	r := w.call(ctx, ep, http.MethodPost, lockPath(lock, "acquire"), ko.request(cid, &ttlMs, &waitMs), timeout)
 	op.Return = w.rec.Now()
 	op.fill(r)
 	if op.Outcome != Fail {
@@ -335,6 +369,9 @@ func (w *Workload) acquireWithin(ctx context.Context, ep *endpoint, worker, lock
 	case op.Outcome == Ok:
 		op.OutToken = ar.FencingToken
 		op.ExpiresAt = w.wallTime(ar.ExpiresAt)
+		if isKind(lock) {
+			op.GrantMode = ar.Mode
+		}
 	case r.status == 409 && perr == nil:
 		op.Holder = ar.Holder
 		if ar.Error != nil {
@@ -461,9 +498,23 @@ func (w *Workload) read(ctx context.Context, ep *endpoint, worker, lock, tag str
 		} else {
 			op.Held, op.Holder, op.OutToken, op.Waiters = st.Held, st.ClientID, st.FencingToken, st.Waiters
 			op.ExpiresAt = w.wallTime(st.ExpiresAt)
+			w.fillKinds(&op, st)
 		}
 	}
 	return w.rec.Add(op)
+}
+
+// fillKinds records what the status of a kinds lock says of its kind:
+// mode, limit, every holder, the end of a running lock-delay.
+func (w *Workload) fillKinds(op *Op, st api.LockStatus) {
+	if !isKind(st.Lock) {
+		return
+	}
+	op.Mode, op.Limit, op.DelayedUntil = st.Mode, st.Limit, w.wallTime(st.DelayedUntil)
+	for _, x := range st.Holders {
+		op.Holders = append(op.Holders, HolderRec{Client: x.ClientID, Token: x.FencingToken,
+			ExpiresAt: w.wallTime(x.ExpiresAt), Mode: x.Mode})
+	}
 }
 
 // fenceWrite writes to the fencestore object named after the lock with
