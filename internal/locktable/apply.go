@@ -645,9 +645,9 @@ func (t *Table) createSession(c Command, r *Result) {
 }
 
 // endSession ends every grant of the session (an expiry applies their
-// lock-delays; a delete is an explicit release and applies none), drops its
-// waits, and hands each lock on in this same step. Locks are visited in
-// name order so every member issues the same tokens.
+// lock-delays; a delete is an explicit release and applies none), then
+// drops its waits and hands each lock on in this same step. Locks are
+// visited in name order so every member issues the same tokens.
 func (t *Table) endSession(c Command, r *Result, reason string) {
 	s, ok := t.sessions[c.SessionID]
 	if !ok {
@@ -666,6 +666,11 @@ func (t *Table) endSession(c Command, r *Result, reason string) {
 		}
 	}
 	sort.Strings(touched)
+	// End every grant of the session first, on every lock, and only then
+	// drop its waits and hand the locks on: dropping a multi-acquire's wait
+	// from one lock's queue advances its other locks, which must not be
+	// handed on (beside a shared holder of the session) before their own
+	// grants of the session have ended and started their lock-delays.
 	for _, name := range touched {
 		l, ok := t.locks[name]
 		if !ok {
@@ -684,6 +689,12 @@ func (t *Table) endSession(c Command, r *Result, reason string) {
 			} else {
 				t.endGrant(l, i, ReasonSessionExpired, c.Now, &r.Events)
 			}
+		}
+	}
+	for _, name := range touched {
+		l, ok := t.locks[name]
+		if !ok {
+			continue
 		}
 		work := []string{name}
 		for i := 0; i < len(l.Waiters); {

@@ -295,9 +295,11 @@ func TestApply(t *testing.T) {
 			r := h.ok(expSess("s", now))
 			// Locks in name order, so tokens are the same on every member.
 			wantEvents(t, "expire session", r.Events, []lt.Event{
+				// Every grant of the session ends before any lock is
+				// handed on.
 				evLost("a", "cs", "s", 2, lt.ReasonSessionExpired),
-				evGranted("a", "wa", "", 5, 1000, now+1000),
 				evLost("b", "cs", "s", 1, lt.ReasonSessionExpired),
+				evGranted("a", "wa", "", 5, 1000, now+1000),
 				evWaitEnded("b", "wb", "s2", lt.ReasonWaitTimeout),
 				evGranted("b", "wb2", "s2", 6, 0, 0),
 				evWaitEnded("c", "cs", "s", lt.ReasonSessionExpired),

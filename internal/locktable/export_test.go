@@ -61,3 +61,8 @@ func CheckCounters(t *Table) error {
 	}
 	return nil
 }
+
+// CheckInvariants runs the checks Restore makes (checkInvariants) on a
+// table Apply made: tests run it after every command of the lock-kind
+// scenarios and properties.
+func CheckInvariants(t *Table) error { return t.checkInvariants() }

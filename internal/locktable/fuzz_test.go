@@ -39,8 +39,15 @@ func FuzzDecodeCommand(f *testing.F) {
 	f.Add(encode(lt.Command{Op: lt.OpBatch, Now: t0, Batch: everyOp()}))
 	f.Add(encode(owned(acqS("jobs/nightly", "worker-9", "sess-1", 0, 5000, t0), "tenant-a",
 		lt.Quotas{Sessions: 10, Locks: 5, WaitersPerLock: 1, LocksPerSession: 2, LocksPerOwner: 3})))
+	for _, c := range kindCommands() {
+		f.Add(encode(c))
+	}
+	f.Add(encode(lt.Command{Op: lt.OpBatch, Now: t0, Batch: append(everyOp(), kindCommands()...)}))
+	for _, c := range kindsLog() {
+		f.Add(encode(c))
+	}
 	f.Add([]byte{})
-	busy := busySnapshot()
+	busy, kinds := busySnapshot(), kindsSnapshot(f)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := lt.DecodeCommand(b)
 		if err != nil {
@@ -64,17 +71,22 @@ func FuzzDecodeCommand(f *testing.F) {
 			t.Fatalf("encoding is not canonical: %x vs %x", b2, b3)
 		}
 		lt.New().Apply(c)
-		tb, err := lt.Restore(busy)
-		if err != nil {
-			t.Fatal(err)
-		}
-		prev := tb.LastToken()
-		tb.Apply(c)
-		if err := checkInvariants(tb, prev); err != nil {
-			t.Fatalf("%v: %v", describe(c), err)
-		}
-		if err := lt.CheckCounters(tb); err != nil {
-			t.Fatalf("%v: %v", describe(c), err)
+		for _, snap := range [][]byte{busy, kinds} {
+			tb, err := lt.Restore(snap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			prev := tb.LastToken()
+			tb.Apply(c)
+			if err := checkInvariants(tb, prev); err != nil {
+				t.Fatalf("%v: %v", describe(c), err)
+			}
+			if err := lt.CheckCounters(tb); err != nil {
+				t.Fatalf("%v: %v", describe(c), err)
+			}
+			if err := checkShapes(tb); err != nil {
+				t.Fatalf("%v: %v", describe(c), err)
+			}
 		}
 	})
 }
@@ -87,6 +99,8 @@ func FuzzRestore(f *testing.F) {
 	f.Add(busySnapshot())
 	f.Add([]byte("LOCKDSNP\x01"))
 	f.Add([]byte("LOCKDSNP\x02"))
+	f.Add([]byte("LOCKDSNP\x03"))
+	f.Add(kindsSnapshot(f))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
@@ -122,6 +136,25 @@ func FuzzRestore(f *testing.F) {
 		for _, li := range sortedHeld(tb) {
 			tb.Apply(rel(li.Name, li.ClientID, li.Token, 1))
 			tb.Apply(expLock(li.Name, li.Token, late))
+		}
+		// The kinds' commands too: values, revocations, multi-acquires
+		// over locks in any state, ends of lock-delays.
+		for i, li := range sortedHeld(tb) {
+			tb.Apply(setValue(li.Name, li.ClientID, li.Token, "v", 2))
+			tb.Apply(shared(acq(li.Name, "fuzz-r", 1000, 1000, 2)))
+			tb.Apply(withLimit(2, acq(li.Name, "fuzz-s", 1000, 1000, 2)))
+			if i%2 == 0 {
+				tb.Apply(revoke(li.Name, 0, 3))
+			} else {
+				tb.Apply(revoke(li.Name, li.Token, 3))
+			}
+		}
+		if names := tb.List("", 2); len(names) == 2 && names[0].Name < names[1].Name {
+			tb.Apply(acqMany("fuzz-m", 1000, 1000, 4, names[0].Name, names[1].Name))
+			tb.Apply(shared(acqMany("fuzz-n", 1000, 0, 4, names[0].Name, names[1].Name)))
+		}
+		for _, li := range tb.List("", 0) {
+			tb.Apply(endDelay(li.Name, late))
 		}
 		for _, w := range sortedWaiters(tb) {
 			tb.Apply(tmo(w.Lock, w.ClientID, late))

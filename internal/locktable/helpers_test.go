@@ -146,30 +146,41 @@ func checkInvariants(tb *lt.Table, prevLast uint64) error {
 	}
 	tokens := map[uint64]string{}
 	for _, li := range tb.List("", 0) {
+		ws := tb.Waiters(li.Name)
 		// Hand-off happens in the step that frees a lock and empty locks are
-		// dropped, so every lock that exists is held.
-		if !li.Held {
+		// dropped, so every lock that exists is held, unless a lock-delay
+		// runs or a multi-acquire heads its queue (waiting for its other
+		// locks).
+		if !li.Held && li.DelayedUntil == 0 && (len(ws) == 0 || ws[0].Locks == nil) {
 			return fmt.Errorf("lock %q exists but is free (waiters %d)", li.Name, li.Waiters)
 		}
-		if li.Token == 0 || li.Token > tb.LastToken() {
-			return fmt.Errorf("lock %q token %d outside (0, %d]", li.Name, li.Token, tb.LastToken())
+		if li.Held != (len(li.Holders) > 0) || (li.Held && li.Token != li.Holders[0].Token) {
+			return fmt.Errorf("lock %q: Held %v, token %d, holders %+v", li.Name, li.Held, li.Token, li.Holders)
 		}
-		if other, dup := tokens[li.Token]; dup {
-			return fmt.Errorf("token %d held on %q and %q", li.Token, other, li.Name)
-		}
-		tokens[li.Token] = li.Name
-		if li.SessionID != "" {
-			if _, ok := tb.Session(li.SessionID); !ok {
-				return fmt.Errorf("lock %q held by %q via missing session %q", li.Name, li.ClientID, li.SessionID)
+		seen := map[string]bool{}
+		for _, h := range li.Holders {
+			if h.Token == 0 || h.Token > tb.LastToken() {
+				return fmt.Errorf("lock %q token %d outside (0, %d]", li.Name, h.Token, tb.LastToken())
 			}
-		} else if li.TTLms <= 0 {
-			return fmt.Errorf("lock %q held by %q with neither a session nor a TTL: %+v", li.Name, li.ClientID, li)
+			if other, dup := tokens[h.Token]; dup {
+				return fmt.Errorf("token %d held on %q and %q", h.Token, other, li.Name)
+			}
+			tokens[h.Token] = li.Name
+			if h.SessionID != "" {
+				if _, ok := tb.Session(h.SessionID); !ok {
+					return fmt.Errorf("lock %q held by %q via missing session %q", li.Name, h.ClientID, h.SessionID)
+				}
+			} else if h.TTLms <= 0 {
+				return fmt.Errorf("lock %q held by %q with neither a session nor a TTL: %+v", li.Name, h.ClientID, li)
+			}
+			if seen[h.ClientID] {
+				return fmt.Errorf("lock %q: client %q holds it twice", li.Name, h.ClientID)
+			}
+			seen[h.ClientID] = true
 		}
-		ws := tb.Waiters(li.Name)
 		if len(ws) != li.Waiters {
 			return fmt.Errorf("lock %q: Get says %d waiters, Waiters says %d", li.Name, li.Waiters, len(ws))
 		}
-		seen := map[string]bool{li.ClientID: true}
 		for _, w := range ws {
 			if seen[w.ClientID] {
 				return fmt.Errorf("lock %q: client %q is holder or queued twice", li.Name, w.ClientID)
@@ -206,6 +217,11 @@ func describe(c lt.Command) string {
 	add("ttl", c.TTLms, c.TTLms != 0)
 	add("wait", c.WaitMs, c.WaitMs != 0)
 	add("member", c.MemberID, c.MemberID != "")
+	add("mode", c.Mode, c.Mode != lt.Exclusive)
+	add("limit", c.Limit, c.Limit != 0)
+	add("delay", c.DelayMs, c.DelayMs != 0)
+	add("value", fmt.Sprintf("%q", c.Value), c.Value != "")
+	add("locks", c.Locks, len(c.Locks) > 0)
 	add("now", c.Now, true)
 	return fmt.Sprintf("%v{%s}", c.Op, strings.Join(f, " "))
 }
