@@ -1,6 +1,9 @@
 package locktable
 
-import "sort"
+import (
+	"sort"
+	"unicode/utf8"
+)
 
 // Code is the outcome of one command. The HTTP layer maps it to a status.
 type Code uint8
@@ -219,8 +222,13 @@ func expiry(now, ttl int64) int64 {
 // validKinds checks the lock-kind fields of an acquire.
 func validKinds(c Command) bool {
 	return c.Mode <= Shared && c.Limit >= 0 && c.Limit <= MaxLimit && !(c.Mode == Shared && c.Limit > 1) &&
-		c.DelayMs >= 0 && c.DelayMs <= MaxLockDelayMs && len(c.Value) <= MaxValueBytes
+		c.DelayMs >= 0 && c.DelayMs <= MaxLockDelayMs && validValue(c.Value)
 }
+
+// validValue: what Restore accepts (the API refuses anything else at the
+// door; checked here too so no applied command can make a snapshot that
+// does not restore).
+func validValue(v string) bool { return len(v) <= MaxValueBytes && utf8.ValidString(v) }
 
 // request is the waiter an acquire would become: what a grant is made from.
 func request(c Command) Waiter {
@@ -531,7 +539,7 @@ func (t *Table) renew(c Command, r *Result) {
 }
 
 func (t *Table) setValue(c Command, r *Result) {
-	if len(c.Value) > MaxValueBytes {
+	if !validValue(c.Value) {
 		r.Code = CodeInvalid
 		return
 	}
