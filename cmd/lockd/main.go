@@ -149,15 +149,21 @@ func run(args []string, stderr io.Writer) int {
 		logger.Error("cannot start", "err", err)
 		return 1
 	}
-	for sig := range sigs {
-		if sig == syscall.SIGHUP {
-			if err := srv.Reload(); err != nil {
-				logger.Error("reload failed; keeping the previous certificates and tokens", "err", err)
+wait:
+	for {
+		select {
+		case <-srv.Removed():
+			break wait // logged by the server
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				if err := srv.Reload(); err != nil {
+					logger.Error("reload failed; keeping the previous certificates and tokens", "err", err)
+				}
+				continue
 			}
-			continue
+			logger.Info("stopping", "signal", sig.String())
+			break wait
 		}
-		logger.Info("stopping", "signal", sig.String())
-		break
 	}
 	if err := srv.Close(); err != nil {
 		logger.Error("shutdown", "err", err)

@@ -182,6 +182,9 @@ func New(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("raftnode: data dir: %w", err)
 	}
+	if err := checkMemberID(cfg.DataDir, cfg.ID); err != nil {
+		return nil, err
+	}
 	n := &Node{cfg: cfg, fsm: newFSM(cfg.Logger, cfg.Effects), log: cfg.Logger,
 		notifyCh: make(chan bool, 64), changed: make(chan struct{}, 1), done: make(chan struct{}),
 		proposals: make(chan proposal, 4096), batchSizes: cfg.BatchSizes}
@@ -330,6 +333,10 @@ func New(cfg Config) (*Node, error) {
 
 	switch {
 	case hasState:
+		if err := n.checkInConfiguration(); err != nil {
+			r.Shutdown()
+			return nil, err
+		}
 		n.log.Info("restarting on existing state", "data_dir", cfg.DataDir)
 	case len(cfg.InitialCluster) > 0:
 		var servers []raft.Server
@@ -359,6 +366,10 @@ func New(cfg Config) (*Node, error) {
 	if n.verified != nil {
 		n.wg.Add(1)
 		go n.runCheckpoints()
+	}
+	if err := writeMemberID(cfg.DataDir, cfg.ID); err != nil {
+		r.Shutdown()
+		return nil, err
 	}
 	ok = true
 	return n, nil

@@ -38,6 +38,7 @@ type Server struct {
 	timers  *leader.Timers
 	hub     *notify.Hub
 	watches *notify.Watches
+	removed chan struct{} // closed when this member learned it was removed
 	effects *effectQueue
 	metrics *metrics
 
@@ -60,7 +61,8 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, hub: notify.NewHub(), effects: newEffectQueue(), done: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger, hub: notify.NewHub(), effects: newEffectQueue(), done: make(chan struct{}),
+		removed: make(chan struct{})}
 	s.baseCtx, s.baseCancel = context.WithCancel(context.Background())
 
 	ln := cfg.HTTPListener
@@ -150,8 +152,9 @@ func New(cfg Config) (*Server, error) {
 		BaseContext: func(net.Listener) context.Context { return s.baseCtx },
 		ErrorLog:    slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
 
-	s.wg.Add(4)
+	s.wg.Add(5)
 	go s.runEffects()
+	go s.watchRemoval()
 	go func() {
 		defer s.wg.Done()
 		if err := s.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
