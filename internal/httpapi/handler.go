@@ -277,12 +277,14 @@ func (h *Handler) allow(w http.ResponseWriter, r *http.Request, access auth.Acce
 		ok = id.AllowsAny(access)
 	}
 	if !ok {
-		what := "lock " + strconv.Quote(name)
+		what := "lock (or prefix) " + strconv.Quote(name)
 		switch {
 		case anyPrefix:
 			what = "any lock"
+		case name == "" && access == auth.Admin:
+			what = "cluster operations (they need admin on the empty prefix)"
 		case name == "":
-			what = "cluster operations"
+			what = "every lock (the empty prefix)"
 		}
 		writeError(w, &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf("token %q lacks %s access to %s", id.Name, access, what)})
 		return id, false
