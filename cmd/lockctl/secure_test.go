@@ -110,7 +110,7 @@ func TestSecureCluster(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"prefix", flags(tokenTeamA, "acquire", "b/x", "--client-id", "w1"), `permission denied: token "team-a" lacks lock access to lock "b/x"`},
+		{"prefix", flags(tokenTeamA, "acquire", "b/x", "--client-id", "w1"), `permission denied: token "team-a" lacks lock access to lock (or prefix) "b/x"`},
 		{"prefix over the WebSocket", flags(tokenTeamA, "run", "b/x", "--", "true"), "permission denied"},
 		{"wrong token", flags("not-a-token-at-all-000", "status", "a/x"), "unauthenticated: the cluster does not know this token"},
 		{"no token", flags("", "status", "a/x"), "requires a token; set LOCKD_TOKEN or pass --auth-token"},
