@@ -44,6 +44,8 @@ type Client struct {
 	// ends.
 	releasing map[string]int
 	relCh     chan struct{}
+	// watches are the active Watch and WatchPrefix calls.
+	watches map[*watch]struct{}
 }
 
 // session is one server session as the client sees it.
@@ -98,6 +100,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 
 		releasing: make(map[string]int),
 		relCh:     make(chan struct{}),
+		watches:   make(map[*watch]struct{}),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	cs, err := c.connect(ctx, true)

@@ -25,8 +25,14 @@ type wsConn struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 	calls   map[uint64]chan *api.WSMessage // replies awaited; guarded by Client.mu
-	done    chan struct{}                  // closed once torn down
-	once    sync.Once
+	// Watches on this connection, guarded by Client.mu: by the server's
+	// watch_id, by the id of a watch request awaiting its answer, and the
+	// ids of unwatch requests (whose answers need nothing).
+	watchIDs  map[uint64]*watch
+	watchReqs map[uint64]*watch
+	unwatches map[uint64]bool
+	done      chan struct{} // closed once torn down
+	once      sync.Once
 }
 
 // errConnLost: the connection went away before the reply came; the caller
@@ -235,7 +241,8 @@ func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next s
 	}
 
 	cctx, ccancel := context.WithCancel(c.ctx)
-	cs = &wsConn{ws: ws, base: base, sess: sess, resumed: resume, ctx: cctx, cancel: ccancel, calls: make(map[uint64]chan *api.WSMessage), done: make(chan struct{})}
+	cs = &wsConn{ws: ws, base: base, sess: sess, resumed: resume, ctx: cctx, cancel: ccancel, calls: make(map[uint64]chan *api.WSMessage), done: make(chan struct{}),
+		watchIDs: make(map[uint64]*watch), watchReqs: make(map[uint64]*watch), unwatches: make(map[uint64]bool)}
 	c.install(cs)
 	return cs, "", nil
 }
@@ -263,7 +270,8 @@ func helloExchange(ctx context.Context, ws *websocket.Conn, hello *api.WSRequest
 }
 
 // install makes cs the live connection and re-sends the pending acquires
-// on it. On a resumed session it also checks the locks held (see recheck).
+// and the watches on it. On a resumed session it also checks the locks
+// held (see recheck).
 func (c *Client) install(cs *wsConn) {
 	c.mu.Lock()
 	c.cur = cs
@@ -275,6 +283,11 @@ func (c *Client) install(cs *wsConn) {
 	var frames [][]byte
 	for _, op := range c.ops {
 		if f := c.prepAcquireLocked(op, false); f != nil {
+			frames = append(frames, f)
+		}
+	}
+	for w := range c.watches {
+		if f := c.watchFrameLocked(w, cs); f != nil {
 			frames = append(frames, f)
 		}
 	}
@@ -548,12 +561,38 @@ func (c *Client) keepalive(cs *wsConn) {
 // dispatchLocked handles one server frame; it returns work to do after
 // the lock is released (writes).
 func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
-	if ch, ok := cs.calls[m.ID]; ok && m.ID != 0 {
-		delete(cs.calls, m.ID)
-		ch <- m
-		return nil
+	if m.ID != 0 {
+		if ch, ok := cs.calls[m.ID]; ok {
+			delete(cs.calls, m.ID)
+			ch <- m
+			return nil
+		}
+		if w := cs.watchReqs[m.ID]; w != nil {
+			delete(cs.watchReqs, m.ID)
+			return c.onWatchReplyLocked(cs, w, m)
+		}
+		if cs.unwatches[m.ID] {
+			delete(cs.unwatches, m.ID)
+			return nil
+		}
 	}
 	switch m.Type {
+	case api.TypeChanged:
+		if w := cs.watchIDs[m.WatchID]; w != nil {
+			c.onChangedLocked(w, m)
+		}
+	case api.TypeResync:
+		if w := cs.watchIDs[m.WatchID]; w != nil {
+			c.log.Info("lockd: the server dropped changes for a watch; reading it again", "watch", w.what())
+			cs, frames := c.resyncLocked(w)
+			return []func(){func() {
+				for _, f := range frames {
+					if c.write(cs, f) != nil {
+						return
+					}
+				}
+			}}
+		}
 	case api.TypeGranted:
 		return c.onGrantedLocked(cs, m)
 	case api.TypeLost:

@@ -56,6 +56,19 @@
 // locks it returns share one fate (see Lock.Lost). Client.Revoke ends
 // grants as an administrator; their holders see ErrRevoked.
 //
+// # Watches and elections
+//
+// Watch and WatchPrefix follow locks as they change: first the current
+// state, then the status after each committed change, each lock's in log
+// order. They ride the session's WebSocket and survive reconnects: the
+// client watches again and delivers a lock's status only when its index
+// moved on, so nothing comes twice or out of order and the latest state
+// always comes. API.WaitStatus is the HTTP blocking query.
+//
+// Election is a leader election on a lock with values (Campaign, Proclaim,
+// Resign, Leader, Observe, Done), in the shape of etcd's
+// concurrency.Election.
+//
 // # Errors
 //
 // Errors match the package's sentinels with errors.Is (ErrLockHeld,

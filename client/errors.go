@@ -71,6 +71,12 @@ var (
 	// possibly granted.
 	ErrMaybeGrantedLost = errors.New("lockd: an earlier send of this acquire may have been granted and lost while the client was away")
 
+	// ErrElectionNotLeader: Proclaim (or Election.Err) of a candidate that
+	// does not lead: never elected, resigned, or its leadership was lost.
+	ErrElectionNotLeader = errors.New("lockd: not the leader of the election")
+	// ErrElectionNoLeader: Election.Leader found nobody leading.
+	ErrElectionNoLeader = errors.New("lockd: the election has no leader")
+
 	// ErrUntrustedRedirect: a member sent the client (a 307, or a
 	// WebSocket not_leader reply) where it does not send its token: to a
 	// host that is neither a configured endpoint nor a leader one of them

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"log"
 	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/lockd/lockd/api"
@@ -245,4 +248,122 @@ func ExampleClient_AcquireMany() {
 	// Output:
 	// holding accounts/alice with token 1
 	// holding accounts/bob with token 2
+}
+
+// A singleton scheduler: every replica runs this, and exactly one of them
+// schedules at a time. A replica campaigns; once elected it schedules until
+// its leadership ends (Done: its session expired because it was cut off,
+// or the lock was revoked), then stops at once and campaigns again. On
+// SIGTERM it resigns, and the next replica takes over in the same step.
+// The fencing token goes with every write the scheduler makes, so a
+// deposed leader's late writes are refused.
+func ExampleElection() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	c, err := client.New(ctx, client.Config{Endpoints: []string{"http://127.0.0.1:7070"}, SessionTTL: 10 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	host, _ := os.Hostname()
+	e := client.NewElection(c, "scheduler")
+	for ctx.Err() == nil {
+		if err := e.Campaign(ctx, host); err != nil {
+			if ctx.Err() == nil {
+				log.Printf("campaign: %v", err)
+				time.Sleep(time.Second)
+			}
+			continue
+		}
+		log.Printf("leading with token %d", e.Token())
+		// The scheduler's ctx ends when the leadership does.
+		sctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-e.Done():
+			case <-sctx.Done():
+			}
+			cancel()
+		}()
+		runScheduler(sctx, e.Token())
+		cancel()
+		if ctx.Err() == nil {
+			log.Printf("leadership lost: %v", e.Err())
+		}
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.Resign(rctx); err != nil {
+		log.Printf("resign: %v (the session's end releases it)", err)
+	}
+}
+
+// runScheduler schedules jobs until ctx ends, fencing every write with
+// token.
+func runScheduler(ctx context.Context, token uint64) { <-ctx.Done() }
+
+// Follow who leads, from anywhere.
+func ExampleElection_Observe() {
+	fake := lockdtest.New(lockdtest.Options{})
+	defer fake.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	newClient := func(id string) *client.Client {
+		c, err := client.New(ctx, client.Config{Endpoints: fake.URLs(), ClientID: id})
+		if err != nil {
+			log.Fatal(err)
+		}
+		return c
+	}
+	a, b, o := newClient("a"), newClient("b"), newClient("observer")
+	defer a.Close()
+	defer b.Close()
+	defer o.Close()
+
+	leaders, err := client.NewElection(o, "db-primary").Observe(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ea := client.NewElection(a, "db-primary")
+	if err := ea.Campaign(ctx, "10.0.0.1:5432"); err != nil {
+		log.Fatal(err)
+	}
+	show := func(li client.LeaderInfo) { fmt.Println(li.Value, "by", li.ClientID, "token", li.Token) }
+	show(<-leaders)
+	elected := make(chan error, 1)
+	go func() { elected <- client.NewElection(b, "db-primary").Campaign(ctx, "10.0.0.2:5432") }()
+	for len(fake.Waiters("db-primary")) == 0 {
+		time.Sleep(10 * time.Millisecond) // b queues behind a
+	}
+	if err := ea.Resign(ctx); err != nil {
+		log.Fatal(err)
+	}
+	show(<-leaders)
+	fmt.Println("b elected:", <-elected == nil)
+	// Output:
+	// 10.0.0.1:5432 by a token 1
+	// 10.0.0.2:5432 by b token 2
+	// b elected: true
+}
+
+// Follow every lock under a prefix as it changes.
+func ExampleClient_WatchPrefix() {
+	ctx := context.Background()
+	c, err := client.New(ctx, client.Config{Endpoints: []string{"http://127.0.0.1:7070"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	events, err := c.WatchPrefix(ctx, "jobs/")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for ev := range events {
+		if ev.Status.Held {
+			log.Printf("%s held by %s (token %d) at index %d", ev.Lock, ev.Status.ClientID, ev.Status.FencingToken, ev.Index)
+		} else {
+			log.Printf("%s free at index %d", ev.Lock, ev.Index)
+		}
+	}
 }

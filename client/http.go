@@ -515,6 +515,29 @@ func (a *API) Status(ctx context.Context, name string, stale bool) (*api.LockSta
 	return &rep, nil
 }
 
+// WaitStatus is a blocking query of lock name (GET
+// /api/v1/locks/{name}?index=N&wait=D): it returns the lock's status once
+// a change with an index above index has committed, or when wait ends
+// (then with the same index), whichever is first; wait 0 is the server's
+// default, 5m, and at most 10m. It may also answer early with an
+// unchanged index (after a leader change): compare Index and ask again.
+// Pass the Index of the last status read (an index below the lock's
+// answers at once).
+func (a *API) WaitStatus(ctx context.Context, name string, index uint64, wait time.Duration) (*api.LockStatus, error) {
+	if wait < 0 || wait > api.MaxWait {
+		return nil, fmt.Errorf("lockd: wait %v out of range 0–%v", wait, api.MaxWait)
+	}
+	p := fmt.Sprintf("%s?index=%d", lockPath(name, ""), index)
+	if wait > 0 {
+		p += "&wait=" + wait.String()
+	}
+	var rep api.LockStatus
+	if err := a.do(ctx, http.MethodGet, p, nil, &rep); err != nil {
+		return nil, err
+	}
+	return &rep, nil
+}
+
 // List reads every lock whose name starts with prefix, in name order,
 // page after page (see ListPage) until the last. Each page is a
 // linearizable read of its own, so a list of several pages is not one

@@ -9,7 +9,8 @@
 // nothing on disk: the members share one state, so a leader change keeps
 // sessions and queues, as the real cluster does. Faults: SetLeader,
 // DropConnections, Partition, DropReplies, ExpireSession, ExpireLock,
-// DropGrant.
+// DropGrant, DropWatchChanges. Watches and blocking queries are served
+// too (see watch.go).
 package lockdtest
 
 import (
@@ -53,9 +54,12 @@ type Cluster struct {
 	sessions    map[string]*session
 	ended       map[string]time.Time // when each ended session ended
 	locks       map[string]*lock
-	index       uint64 // counts lock changes (the status "index")
-	fresh       int    // hellos that opened a session
-	resumed     int    // hellos that resumed one
+	index       uint64            // counts lock changes (the status "index")
+	dropped     map[string]uint64 // the index of each dropped lock's last change
+	changes     chan struct{}     // closed (and replaced) at every change
+	dropWatch   bool              // see DropWatchChanges
+	fresh       int               // hellos that opened a session
+	resumed     int               // hellos that resumed one
 }
 
 // New starts a fake cluster.
@@ -72,6 +76,8 @@ func New(opts Options) *Cluster {
 		locks:    make(map[string]*lock),
 		requests: make(map[string]int),
 		lost:     make(map[string]int),
+		dropped:  make(map[string]uint64),
+		changes:  make(chan struct{}),
 
 		dropReplies: make(map[string]bool),
 	}
@@ -145,6 +151,8 @@ func (c *Cluster) SetLeader(i int) {
 		}
 	}
 	c.dropLocked()
+	close(c.changes) // blocking queries answer early
+	c.changes = make(chan struct{})
 	c.mu.Unlock()
 	c.logf("lockdtest: leader is now %d", i)
 }

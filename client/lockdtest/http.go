@@ -262,6 +262,10 @@ func (m *member) renew(w http.ResponseWriter, r *http.Request) {
 }
 
 func (m *member) status(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Has("index") {
+		m.blockingStatus(w, r)
+		return
+	}
 	m.c.mu.Lock()
 	st := m.c.statusLocked(r.PathValue("name"))
 	m.c.mu.Unlock()

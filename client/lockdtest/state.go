@@ -140,12 +140,16 @@ func (l *lock) holderID() string {
 func (c *Cluster) touchLocked(l *lock) {
 	c.index++
 	l.index = c.index
+	c.changedLocked(l.name)
 }
 
 // dropIfEmptyLocked forgets a lock without holders, waiters or delay.
 func (c *Cluster) dropIfEmptyLocked(l *lock) {
 	if len(l.holders) == 0 && len(l.queue) == 0 && l.delayedUntil.IsZero() && c.locks[l.name] == l {
 		delete(c.locks, l.name)
+		if l.index > c.dropped[l.name] {
+			c.dropped[l.name] = l.index
+		}
 	}
 }
 
@@ -617,7 +621,9 @@ func (c *Cluster) sweepLocked(now time.Time) {
 }
 
 func (c *Cluster) statusLocked(name string) api.LockStatus {
-	st := api.LockStatus{Lock: name, Mode: api.ModeNone, Limit: 1, Index: c.index}
+	// A lock without state: the index of its last change (0 for one never
+	// used), as lockd remembers it for recently dropped locks.
+	st := api.LockStatus{Lock: name, Mode: api.ModeNone, Limit: 1, Index: c.dropped[name]}
 	l := c.locks[name]
 	if l == nil {
 		return st

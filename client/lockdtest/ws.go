@@ -23,6 +23,9 @@ type conn struct {
 	out    chan api.WSMessage
 	sess   *session // guarded by Cluster.mu
 	once   sync.Once
+	// watches by watch_id; guarded by Cluster.mu
+	watches   map[uint64]*fwatch
+	nextWatch uint64
 }
 
 // pushLocked queues a frame; a connection too slow to take it is dropped.
@@ -266,6 +269,10 @@ func (cn *conn) handle(data []byte) {
 			return
 		}
 		reply(api.WSMessage{Type: api.TypeOK, Lock: req.Lock, FencingToken: req.FencingToken})
+	case api.OpWatch:
+		cn.watchLocked(req, reply, fail)
+	case api.OpUnwatch:
+		cn.unwatchLocked(req, reply, fail)
 	case api.OpRelease:
 		if !c.releaseLocked(req.Lock, s.clientID, req.FencingToken) {
 			fail(api.CodeNotHolder, "not the holder of "+req.Lock)

@@ -1,6 +1,7 @@
 // Command lockctl is the command-line client of lockd: acquire (shared,
 // semaphores, several locks at once), release, renew and revoke locks, read
-// their status, manage sessions and cluster membership,
+// their status, watch them change (lockctl watch), run leader elections
+// (lockctl elect), manage sessions and cluster membership,
 // run a command while holding a lock (lockctl run, for cron jobs), save and
 // restore backups (lockctl snapshot), and write the key pair for signed
 // fencing tokens (lockctl keygen). It speaks HTTPS (--cacert, --cert,
@@ -34,7 +35,7 @@ const (
 	exitOK          = 0
 	exitError       = 1 // any other failure
 	exitUsage       = 2 // bad command line
-	exitLost        = 3 // run: the lock was lost while the command ran; it was stopped
+	exitLost        = 3 // run: the lock was lost while the command ran; it was stopped; elect: the leadership was lost
 	exitNotAcquired = 4 // the lock is held by another client, or the wait timed out
 	exitNotHolder   = 5 // not the holder (release/renew), or the session is gone
 	exitNoLeader    = 6 // no leader known, or no member reachable, within --timeout
@@ -73,6 +74,27 @@ Commands:
                                          mode, limit, holders, value and delayed_until: all of
                                          them, or at most N (then the --after NAME that goes on
                                          is printed on stderr); --after starts after NAME
+  watch NAME | watch --prefix P          print each change of lock NAME (first its current state),
+                                         or of every lock under P (first those held, awaited or
+                                         delayed now), as it commits: one line per change — lock,
+                                         index, held or free, holder, token, mode, waiters, value
+                                         (-o json: one object a line: lock, index, status). A state
+                                         read again after a reconnect, into which changes made
+                                         meanwhile may be folded, ends in "resync" (JSON "resync":
+                                         true). Follows leader changes; runs until SIGINT or SIGTERM
+                                         (exit 0)
+  elect NAME VALUE [--session-ttl 15s]   campaign in election NAME (a lock: candidates queue in
+                                         order); once elected print VALUE (-o json: lock, value,
+                                         client_id, fencing_token) and lead until SIGINT or SIGTERM,
+                                         then resign (the next candidate leads at once) and exit 0.
+                                         If the leadership is lost (the session expired, the lock
+                                         was revoked) exit 3; a session lost while campaigning
+                                         campaigns again. --session-ttl: how long the cluster
+                                         keeps the leadership of a lockctl that stopped answering
+  elect NAME --listen                    never campaign: print the current leader's value, then
+                                         each new leader's (and each value it proclaims), one a
+                                         line (a leader without a value prints client_id=ID);
+                                         -o json adds client_id and fencing_token. Until SIGINT/SIGTERM
   session create [--ttl 15s]             open an HTTP session; prints its id
   session keepalive ID                   refresh a session
   session delete ID                      end a session, releasing its locks
@@ -138,6 +160,7 @@ Exit codes:
   1  error
   2  usage error
   3  run: the lock was lost while CMD ran; CMD was stopped
+     elect: the leadership was lost
   4  lock not acquired: held by another client, or the wait timed out
   5  not the holder of the lock (revoke --token: no grant has that token), or the
      session expired / does not exist
@@ -223,6 +246,10 @@ func lockctl(ctx context.Context, args []string, getenv func(string) string, std
 		return e.snapshot(ctx, rest)
 	case "bench":
 		return e.bench(ctx, rest)
+	case "watch":
+		return e.watch(ctx, rest)
+	case "elect":
+		return e.elect(ctx, rest)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

@@ -177,11 +177,7 @@ wait:
 
 // runAcquire opens the session and takes the lock(s).
 func (e *env) runAcquire(ctx context.Context, tc *tls.Config, names []string, ttl, wait, sessionTTL time.Duration, opts []client.AcquireOption) (*client.Client, []*client.Lock, error) {
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if e.getenv("LOCKCTL_DEBUG") != "" {
-		logger = slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	c, err := client.New(ctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL, Logger: logger,
+	c, err := client.New(ctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL, Logger: e.logger(),
 		TLSConfig: tc, Token: e.g.token})
 	if err != nil {
 		return nil, nil, err
@@ -202,6 +198,15 @@ func (e *env) runAcquire(ctx context.Context, tc *tls.Config, names []string, tt
 		return c, nil, err
 	}
 	return c, ls, nil
+}
+
+// logger is the client's logger: debug lines on stderr with
+// LOCKCTL_DEBUG set, else none.
+func (e *env) logger() *slog.Logger {
+	if e.getenv("LOCKCTL_DEBUG") != "" {
+		return slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
 // nameHolder adds the current holder to a lock_held or wait_timeout error

@@ -1,0 +1,491 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/lockd/lockd/api"
+)
+
+// WatchEvent is the status of a watched lock after a committed change.
+type WatchEvent struct {
+	// Lock is the lock's name.
+	Lock string
+	// Index is the log index of the lock's last change: Status.Index.
+	// Per lock, the events of one watch have strictly rising indexes.
+	Index uint64
+	// Status is the lock's status right after that change, as GET
+	// /api/v1/locks/{name} shows it. A lock whose last holder and waiter
+	// went away shows as free (Held false, Mode "none").
+	Status api.LockStatus
+	// Resync says the status was read again rather than pushed as the next
+	// change: after a reconnect (a leader change, say) or after the watch
+	// fell behind. Changes of the lock between the previous event and this
+	// one may have been skipped; this is its state as of Index.
+	Resync bool
+}
+
+// WatchOption configures Watch and WatchPrefix.
+type WatchOption func(*watchOptions)
+
+type watchOptions struct {
+	buffer int
+}
+
+// defaultWatchBuffer is how many events a watch holds for its consumer.
+const defaultWatchBuffer = 1024
+
+// WithWatchBuffer sets how many events the watch holds for a consumer
+// that has not taken them yet (default 1024). When they are full the
+// client drops further changes rather than wait, and once the consumer
+// has taken what was held it reads the watched locks again and goes on
+// (those events are marked Resync): a slow consumer never holds up the
+// client, and still sees every lock's latest state.
+func WithWatchBuffer(n int) WatchOption {
+	return func(o *watchOptions) { o.buffer = n }
+}
+
+// watch is one Watch or WatchPrefix of a Client. It outlives connections:
+// on every new connection the client watches again and keeps only what is
+// newer than what it delivered.
+type watch struct {
+	lock   string  // a single lock's watch
+	prefix *string // or a prefix watch
+	ctx    context.Context
+	buf    int
+	out    chan WatchEvent
+	wake   chan struct{} // an event was queued (capacity 1)
+	first  chan error    // the answer to the first watch request (capacity 1)
+
+	// Guarded by Client.mu.
+	started bool // the first watch request was answered ok
+	ended   bool
+	conn    *wsConn // the connection the server watch lives on (or is asked on)
+	id      uint64  // the server's watch_id on conn; 0 while there is none
+	reqID   uint64  // the watch request awaiting its answer; 0 for none
+	gen     uint64  // counts the watch requests sent
+	// rereading: a re-established watch whose first picture is still
+	// coming; its events are marked Resync.
+	rereading bool
+	// last is the index of the last event queued per lock; state tells
+	// whether that event's lock had state (holders, waiters or a delay),
+	// so that it would be among a prefix watch's first picture.
+	last  map[string]uint64
+	state map[string]bool
+	queue []WatchEvent
+	// overflow: an event was dropped because the queue was full; the
+	// watch is read again once the consumer has emptied it.
+	overflow bool
+}
+
+func (w *watch) what() string {
+	if w.prefix != nil {
+		return fmt.Sprintf("prefix %q", *w.prefix)
+	}
+	return fmt.Sprintf("lock %q", w.lock)
+}
+
+// Watch follows lock name: the returned channel first gets the lock's
+// current status (free or not), then its status after each committed
+// change, in log order (rising Index). It rides the client's WebSocket
+// connection and survives reconnects and leader changes: the client
+// watches again on the new connection, and delivers a status only if its
+// index is above the last one it delivered, so no change comes twice or
+// out of order, and the lock's latest state always comes (changes made
+// while the client was away may be folded into it; see
+// WatchEvent.Resync).
+//
+// Watch returns once the leader has accepted the watch (an invalid name or
+// a token without read access gives the server's error). The channel is
+// closed when ctx ends or the client is closed. Take the events promptly:
+// see WithWatchBuffer for what happens when they pile up. A connection
+// carries at most 1024 watches (more give ErrResourceExhausted).
+func (c *Client) Watch(ctx context.Context, name string, opts ...WatchOption) (<-chan WatchEvent, error) {
+	if name == "" {
+		return nil, errors.New("lockd: empty lock name")
+	}
+	return c.watch(ctx, name, nil, opts)
+}
+
+// WatchPrefix follows every lock whose name starts with prefix ("" for
+// every lock): first one event per lock that has state now (held, awaited
+// or delayed), then one per committed change of any of them, each lock's
+// in log order (rising Index). A lock that loses its last holder and
+// waiter shows as free. Across reconnects it behaves as Watch does: the
+// client watches again, lists the prefix, and reads each lock it last
+// showed with state that is no longer listed, so a lock freed while the
+// client was away is delivered as free. For that the watch remembers the
+// last index it delivered of every lock it has shown (a few dozen bytes
+// each) for as long as it runs.
+func (c *Client) WatchPrefix(ctx context.Context, prefix string, opts ...WatchOption) (<-chan WatchEvent, error) {
+	return c.watch(ctx, "", &prefix, opts)
+}
+
+func (c *Client) watch(ctx context.Context, lock string, prefix *string, opts []WatchOption) (<-chan WatchEvent, error) {
+	o := watchOptions{buffer: defaultWatchBuffer}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.buffer < 1 {
+		return nil, fmt.Errorf("lockd: watch buffer %d: want at least 1", o.buffer)
+	}
+	w := &watch{lock: lock, prefix: prefix, ctx: ctx, buf: o.buffer,
+		out: make(chan WatchEvent), wake: make(chan struct{}, 1), first: make(chan error, 1),
+		last: make(map[string]uint64), state: make(map[string]bool)}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	c.watches[w] = struct{}{}
+	cs := c.cur
+	frame := c.watchFrameLocked(w, cs)
+	c.mu.Unlock()
+	if frame != nil {
+		_ = c.write(cs, frame) // on failure the next connection asks again
+	}
+
+	var err error
+	select {
+	case err = <-w.first:
+	case <-ctx.Done():
+		err = ctx.Err()
+		c.mu.Lock()
+		if c.cur == nil {
+			err = fmt.Errorf("%w: waiting for a connection to the leader: %w", ErrNoLeader, err)
+		}
+		c.mu.Unlock()
+	case <-c.ctx.Done():
+		err = ErrClosed
+	}
+	c.mu.Lock()
+	if err == nil && c.closed {
+		err = ErrClosed
+	}
+	if err != nil {
+		cs, frame := c.endWatchLocked(w)
+		c.mu.Unlock()
+		if frame != nil {
+			_ = c.write(cs, frame)
+		}
+		return nil, err
+	}
+	c.goLocked(func() { c.deliver(w) })
+	c.mu.Unlock()
+	return w.out, nil
+}
+
+// watchFrameLocked asks for w on cs (nil: none now; the next connection
+// will ask) and returns the request's frame.
+func (c *Client) watchFrameLocked(w *watch, cs *wsConn) []byte {
+	if w.ended || cs == nil {
+		return nil
+	}
+	w.gen++
+	w.reqID = c.nextID()
+	w.conn, w.id = cs, 0
+	w.rereading = w.started
+	cs.watchReqs[w.reqID] = w
+	req := api.WSRequest{ID: w.reqID, Op: api.OpWatch, Lock: w.lock}
+	if w.prefix != nil {
+		p := *w.prefix
+		req.Prefix = &p
+	}
+	data, _ := json.Marshal(&req)
+	return data
+}
+
+// unwatchFrameLocked ends server watch id on cs and returns the frame.
+func (c *Client) unwatchFrameLocked(cs *wsConn, id uint64) []byte {
+	delete(cs.watchIDs, id)
+	rid := c.nextID()
+	cs.unwatches[rid] = true
+	data, _ := json.Marshal(&api.WSRequest{ID: rid, Op: api.OpUnwatch, WatchID: id})
+	return data
+}
+
+// resyncLocked reads w again: it replaces the server watch on the live
+// connection with a new one, whose first picture is the re-read (see
+// onWatchReplyLocked). It returns the frames to send on cs.
+func (c *Client) resyncLocked(w *watch) (cs *wsConn, frames [][]byte) {
+	cs = c.cur
+	if w.ended || cs == nil || w.conn != cs || w.reqID != 0 {
+		// Not on the live connection: the next one watches again anyway.
+		// Or a watch request is under way: its first picture is to come.
+		return nil, nil
+	}
+	if w.id != 0 {
+		frames = append(frames, c.unwatchFrameLocked(cs, w.id))
+		w.id = 0
+	}
+	return cs, append(frames, c.watchFrameLocked(w, cs))
+}
+
+// endWatchLocked forgets w and returns the unwatch frame to send on cs,
+// if its server watch is on the live connection. A watch request still
+// unanswered is unwatched when its answer comes.
+func (c *Client) endWatchLocked(w *watch) (cs *wsConn, frame []byte) {
+	if w.ended {
+		return nil, nil
+	}
+	w.ended = true
+	delete(c.watches, w)
+	w.queue = nil
+	if w.conn != nil && w.id != 0 {
+		if w.conn == c.cur {
+			cs, frame = w.conn, c.unwatchFrameLocked(w.conn, w.id)
+		}
+		delete(w.conn.watchIDs, w.id)
+		w.id = 0
+	}
+	return cs, frame
+}
+
+// onWatchReplyLocked takes the answer to a watch request.
+func (c *Client) onWatchReplyLocked(cs *wsConn, w *watch, m *api.WSMessage) []func() {
+	if m.Type == api.TypeOK && (w.ended || w.conn != cs || w.reqID != m.ID) {
+		// Nobody wants this watch any more.
+		f := c.unwatchFrameLocked(cs, m.WatchID)
+		return []func(){func() { _ = c.write(cs, f) }}
+	}
+	if w.ended || w.conn != cs || w.reqID != m.ID {
+		return nil
+	}
+	w.reqID = 0
+	switch m.Type {
+	case api.TypeOK:
+		w.id = m.WatchID
+		cs.watchIDs[w.id] = w
+		if !w.started {
+			w.started = true
+			select {
+			case w.first <- nil:
+			default:
+			}
+			return nil
+		}
+		if w.prefix != nil {
+			// The new watch's first picture lists the locks with state; a
+			// lock shown with state before that has none now is not in it,
+			// so read those (and the prefix) over HTTP.
+			var known []string
+			for name, st := range w.state {
+				if st {
+					known = append(known, name)
+				}
+			}
+			slices.Sort(known)
+			gen := w.gen
+			c.goLocked(func() { c.reread(w, gen, known) })
+		}
+		return nil
+	case api.TypeError:
+		se := serverError(m.Error, 0)
+		switch se.API.Code {
+		case api.CodeNotLeader, api.CodeNoLeader:
+			c.killLocked(cs, se.API.Code) // asked again on the next connection
+			return nil
+		case api.CodeSessionExpired:
+			c.sessionLostLocked(c.sess, fmt.Errorf("%w: the server ended the session", ErrSessionExpired), false)
+			return nil
+		}
+		if !w.started {
+			select {
+			case w.first <- fmt.Errorf("lockd: watch %s: %w", w.what(), se):
+			default:
+			}
+			return nil
+		}
+		// Refused after it was accepted once (a quota, a token reloaded
+		// with less access): try again later on this connection.
+		c.log.Warn("lockd: watching again was refused, retrying", "watch", w.what(), "err", se)
+		gen := w.gen
+		c.goLocked(func() { c.rewatchLater(w, cs, gen) })
+		return nil
+	}
+	c.log.Warn("lockd: unexpected reply to watch", "type", m.Type)
+	return nil
+}
+
+// rewatchLater asks for w again on cs after a pause, unless something
+// else asked meanwhile.
+func (c *Client) rewatchLater(w *watch, cs *wsConn, gen uint64) {
+	if !sleep(cs.ctx, c.cfg.MaxBackoff) {
+		return
+	}
+	c.mu.Lock()
+	var frame []byte
+	if w.gen == gen && w.reqID == 0 && w.id == 0 && w.conn == cs && c.cur == cs {
+		frame = c.watchFrameLocked(w, cs)
+	}
+	c.mu.Unlock()
+	if frame != nil {
+		_ = c.write(cs, frame)
+	}
+}
+
+// onChangedLocked takes a changed frame of w.
+func (c *Client) onChangedLocked(w *watch, m *api.WSMessage) {
+	if m.Status == nil {
+		return
+	}
+	st := *m.Status
+	name, idx := m.Lock, m.Index
+	if name == "" {
+		name = st.Lock
+	}
+	if idx == 0 {
+		idx = st.Index
+	}
+	resync := w.rereading
+	if w.prefix == nil {
+		w.rereading = false // a single lock's first picture is one frame
+	}
+	c.offerLocked(w, name, idx, st, resync)
+}
+
+// offerLocked queues a lock's status for the consumer if it is newer than
+// the last one queued; with the queue full it drops it and marks the watch
+// for a re-read.
+func (c *Client) offerLocked(w *watch, name string, idx uint64, st api.LockStatus, resync bool) {
+	if w.ended {
+		return
+	}
+	if last, ok := w.last[name]; ok && idx <= last {
+		return
+	}
+	if w.overflow || len(w.queue) >= w.buf {
+		if !w.overflow {
+			c.log.Info("lockd: watch consumer fell behind; dropping changes until it catches up, then reading again", "watch", w.what(), "buffer", w.buf)
+		}
+		w.overflow = true
+		return
+	}
+	w.last[name] = idx
+	w.state[name] = hasState(&st)
+	w.queue = append(w.queue, WatchEvent{Lock: name, Index: idx, Status: st, Resync: resync})
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// hasState reports a status with holders, waiters or a running delay: a
+// lock that a prefix watch's first picture shows.
+func hasState(st *api.LockStatus) bool {
+	return st.Held || len(st.Holders) > 0 || st.Waiters > 0 || st.DelayedUntil != ""
+}
+
+// deliver hands w's events to its consumer until ctx ends or the client
+// closes; it asks for a re-read once the consumer has caught up after an
+// overflow.
+func (c *Client) deliver(w *watch) {
+	defer close(w.out)
+loop:
+	for {
+		c.mu.Lock()
+		if len(w.queue) > 0 {
+			ev := w.queue[0]
+			c.mu.Unlock()
+			select {
+			case w.out <- ev:
+				c.mu.Lock()
+				if len(w.queue) > 0 {
+					w.queue[0] = WatchEvent{}
+					w.queue = w.queue[1:]
+				}
+				c.mu.Unlock()
+				continue
+			case <-w.ctx.Done():
+				break loop
+			case <-c.ctx.Done():
+				break loop
+			}
+		}
+		var cs *wsConn
+		var frames [][]byte
+		if w.overflow {
+			w.overflow = false
+			cs, frames = c.resyncLocked(w)
+		}
+		c.mu.Unlock()
+		for _, f := range frames {
+			if c.write(cs, f) != nil {
+				break
+			}
+		}
+		select {
+		case <-w.wake:
+		case <-w.ctx.Done():
+			break loop
+		case <-c.ctx.Done():
+			break loop
+		}
+	}
+	c.mu.Lock()
+	cs, frame := c.endWatchLocked(w)
+	c.mu.Unlock()
+	if frame != nil {
+		_ = c.write(cs, frame)
+	}
+}
+
+// reread reads a re-established prefix watch's locks over HTTP: the
+// prefix's list, and each lock in known (shown with state before) that the
+// list lacks, which has lost its state meanwhile (freed) and is in no
+// first picture. It ends when done, when a newer watch request replaced
+// generation gen, or when the watch ends.
+func (c *Client) reread(w *watch, gen uint64, known []string) {
+	ctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	stop := context.AfterFunc(w.ctx, cancel)
+	defer stop()
+	bo := newBackoff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
+	for {
+		sts, err := c.readPrefix(ctx, *w.prefix, known)
+		c.mu.Lock()
+		if w.ended || w.gen != gen {
+			c.mu.Unlock()
+			return
+		}
+		if err == nil {
+			for i := range sts {
+				c.offerLocked(w, sts[i].Lock, sts[i].Index, sts[i], true)
+			}
+			w.rereading = false
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		c.log.Info("lockd: reading a watched prefix again failed, retrying", "watch", w.what(), "err", err)
+		if !sleep(ctx, bo.next()) {
+			return
+		}
+	}
+}
+
+// readPrefix lists prefix and reads each lock of known the list lacks.
+func (c *Client) readPrefix(ctx context.Context, prefix string, known []string) ([]api.LockStatus, error) {
+	sts, err := c.api.List(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	listed := make(map[string]bool, len(sts))
+	for _, st := range sts {
+		listed[st.Lock] = true
+	}
+	for _, name := range known {
+		if listed[name] {
+			continue
+		}
+		st, err := c.api.Status(ctx, name, false)
+		if err != nil {
+			return nil, err
+		}
+		sts = append(sts, *st)
+	}
+	return sts, nil
+}

@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/client"
+)
+
+// stopSignals end watch and elect (exit 0).
+var stopSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM}
+
+// watchEvent is a watch's -o json line: the WebSocket changed frame's
+// fields, and resync when the status was read again after a reconnect or
+// after falling behind.
+type watchEvent struct {
+	Lock   string         `json:"lock"`
+	Index  uint64         `json:"index"`
+	Status api.LockStatus `json:"status"`
+	Resync bool           `json:"resync,omitempty"`
+}
+
+// watchLine is a watch's text line: the lock, the index, held or free, the
+// holder(s), the value.
+func watchLine(ev client.WatchEvent) string {
+	st := ev.Status
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s index=%d", ev.Lock, ev.Index)
+	if !st.Held && len(st.Holders) == 0 {
+		fmt.Fprintf(&b, " free waiters=%d", st.Waiters)
+	} else {
+		fmt.Fprintf(&b, " held client_id=%s token=%d mode=%s waiters=%d value=%s", st.ClientID, st.FencingToken, orDash(st.Mode), st.Waiters, textValue(st.Value))
+		if len(st.Holders) > 1 {
+			hs := make([]string, len(st.Holders))
+			for i, h := range st.Holders {
+				hs[i] = h.ClientID + ":" + strconv.FormatUint(h.FencingToken, 10)
+			}
+			fmt.Fprintf(&b, " holders=%s", strings.Join(hs, ","))
+		}
+	}
+	if st.DelayedUntil != "" {
+		fmt.Fprintf(&b, " delayed_until=%s", st.DelayedUntil)
+	}
+	if ev.Resync {
+		b.WriteString(" resync")
+	}
+	return b.String()
+}
+
+// printLine writes v as one line of JSON, or text.
+func (e *env) printLine(v any, text string) {
+	if e.jsonOut() {
+		data, _ := json.Marshal(v)
+		text = string(data)
+	}
+	fmt.Fprintln(e.stdout, text)
+}
+
+// openClient opens a Client (a session over WebSocket) within --timeout.
+// code is the exit code when it fails: 0 when ctx ended (a signal).
+func (e *env) openClient(ctx context.Context, sessionTTL time.Duration, what string) (c *client.Client, code int) {
+	tc, err := e.tlsConfig()
+	if err != nil {
+		return nil, e.setupFailed(err)
+	}
+	cctx, cancel := e.ctx(ctx, 0)
+	defer cancel()
+	c, err = client.New(cctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL,
+		Logger: e.logger(), TLSConfig: tc, Token: e.g.token})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, exitOK // stopped while connecting
+		}
+		return nil, e.fail(err, what)
+	}
+	return c, 0
+}
+
+func (e *env) watch(ctx context.Context, args []string) int {
+	fs := e.command("watch", "watch NAME | watch --prefix P")
+	prefix := fs.String("prefix", "", "watch every lock whose name starts with P")
+	pos, rest, err := parseArgs(fs, args, 0)
+	if err == nil {
+		err = e.checkOutput()
+	}
+	pos = append(pos, rest...)
+	prefixSet := false
+	fs.Visit(func(f *flag.Flag) { prefixSet = prefixSet || f.Name == "prefix" })
+	switch {
+	case err != nil:
+	case prefixSet && len(pos) > 0:
+		err = fmt.Errorf("watch: NAME or --prefix, not both")
+	case !prefixSet && len(pos) == 0:
+		err = errors.New("watch: missing NAME (or --prefix P)")
+	case len(pos) > 1:
+		err = fmt.Errorf("watch: unexpected argument %q", pos[1])
+	}
+	if err != nil {
+		return usageErr(e.stderr, err)
+	}
+	ctx, stop := signal.NotifyContext(ctx, stopSignals...)
+	defer stop()
+	what := "watch " + strings.Join(pos, "")
+	c, code := e.openClient(ctx, 15*time.Second, what)
+	if c == nil {
+		return code
+	}
+	defer c.Close()
+	var ch <-chan client.WatchEvent
+	if prefixSet {
+		what = fmt.Sprintf("watch --prefix %q", *prefix)
+		ch, err = c.WatchPrefix(ctx, *prefix)
+	} else {
+		ch, err = c.Watch(ctx, pos[0])
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return exitOK
+		}
+		return e.fail(err, what)
+	}
+	for ev := range ch {
+		e.printLine(watchEvent{Lock: ev.Lock, Index: ev.Index, Status: ev.Status, Resync: ev.Resync}, watchLine(ev))
+	}
+	return exitOK // ctx ended: a signal
+}
+
+// leaderLine is elect's -o json line.
+type leaderLine struct {
+	Lock         string `json:"lock"`
+	Value        string `json:"value"`
+	ClientID     string `json:"client_id"`
+	FencingToken uint64 `json:"fencing_token"`
+}
+
+// leaderText is elect's text line: the leader's value, or for a leader
+// without one, client_id=ID, which still names it.
+func leaderText(value, clientID string) string {
+	if value == "" {
+		return "client_id=" + clientID
+	}
+	return value
+}
+
+func (e *env) elect(ctx context.Context, args []string) int {
+	fs := e.command("elect", "elect NAME VALUE [--session-ttl 15s] | elect NAME --listen")
+	listen := fs.Bool("listen", false, "never campaign: print the current leader's value, then each new leader's")
+	sessionTTL := fs.Duration("session-ttl", 15*time.Second, "session TTL: how long the cluster keeps the leadership after lockctl stops answering")
+	pos, rest, err := parseArgs(fs, args, 0)
+	if err == nil {
+		err = e.checkOutput()
+	}
+	pos = append(pos, rest...)
+	switch {
+	case err != nil:
+	case len(pos) == 0:
+		err = errors.New("elect: missing NAME")
+	case *listen && len(pos) > 1:
+		err = fmt.Errorf("elect: --listen takes no VALUE (got %q)", pos[1])
+	case !*listen && len(pos) == 1:
+		err = errors.New("elect: missing VALUE (or --listen)")
+	case len(pos) > 2:
+		err = fmt.Errorf("elect: unexpected argument %q", pos[2])
+	case !*listen && (len(pos[1]) > api.MaxValueBytes || !utf8.ValidString(pos[1])):
+		err = fmt.Errorf("elect: VALUE: want valid UTF-8 of at most %d bytes (got %d bytes)", api.MaxValueBytes, len(pos[1]))
+	}
+	if err != nil {
+		return usageErr(e.stderr, err)
+	}
+	name := pos[0]
+	ctx, stop := signal.NotifyContext(ctx, stopSignals...)
+	defer stop()
+	c, code := e.openClient(ctx, *sessionTTL, "election "+name)
+	if c == nil {
+		return code
+	}
+	defer c.Close()
+	el := client.NewElection(c, name)
+	if *listen {
+		return e.listen(ctx, el)
+	}
+
+	value := pos[1]
+	for {
+		err := el.Campaign(ctx, value)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return exitOK // stopped before it was elected; Close withdraws the wait
+		}
+		if !errors.Is(err, client.ErrSessionExpired) && !errors.Is(err, client.ErrLeaseExpired) {
+			return e.fail(err, "election "+name)
+		}
+		// The session ended while campaigning (cut off from the cluster):
+		// the client opens a new one; campaign again, at the end of the queue.
+		fmt.Fprintf(e.stderr, "lockctl: election %s: %s; campaigning again\n", name, lostCause(err))
+		select {
+		case <-ctx.Done():
+			return exitOK
+		case <-time.After(time.Second):
+		}
+	}
+	e.printLine(leaderLine{Lock: name, Value: value, ClientID: c.ClientID(), FencingToken: el.Token()}, value)
+	select {
+	case <-ctx.Done():
+	case <-el.Done():
+		if ctx.Err() == nil {
+			fmt.Fprintf(e.stderr, "lockctl: lost the leadership of %s (token %d): %s\n", name, el.Token(), lostCause(el.Err()))
+			return exitLost
+		}
+	}
+	rctx, cancel := e.ctx(context.Background(), 0)
+	defer cancel()
+	if err := el.Resign(rctx); err != nil {
+		fmt.Fprintf(e.stderr, "lockctl: resigning %s: %v (ending the session releases it)\n", name, err)
+		if cerr := c.Close(); cerr != nil {
+			fmt.Fprintf(e.stderr, "lockctl: ending the session: %v (the leadership ends with the session TTL)\n", cerr)
+			return exitError
+		}
+	}
+	return exitOK
+}
+
+// listen prints the current leader's value, then each new leader's,
+// until a signal.
+func (e *env) listen(ctx context.Context, el *client.Election) int {
+	ch, err := el.Observe(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return exitOK
+		}
+		return e.fail(err, "election "+el.Name())
+	}
+	for li := range ch {
+		e.printLine(leaderLine{Lock: el.Name(), Value: li.Value, ClientID: li.ClientID, FencingToken: li.Token}, leaderText(li.Value, li.ClientID))
+	}
+	return exitOK
+}
