@@ -75,11 +75,18 @@ type pageState struct {
 }
 
 type pageLock struct {
-	Name   string `json:"name"`
-	Holder string `json:"holder"`
-	Token  string `json:"token"`
-	TTL    string `json:"ttl"`
-	Queue  string `json:"queue"`
+	Name    string   `json:"name"`
+	Kind    string   `json:"kind"`     // the kind's name: exclusive, shared, semaphore N
+	KindSub string   `json:"kind_sub"` // "2 holders", "1 of 3 held"
+	Delay   string   `json:"delay"`    // "delayed for 59.1 s", "" without a lock-delay
+	Holder  string   `json:"holder"`   // the whole cell
+	Token   string   `json:"token"`
+	TTL     string   `json:"ttl"`
+	Queue   string   `json:"queue"`
+	Holders []string `json:"holders"` // one line per holder
+	Tokens  []string `json:"tokens"`
+	TTLs    []string `json:"ttls"`
+	Values  []string `json:"values"`
 }
 
 func (p pageState) lock(name string) (pageLock, bool) {
@@ -90,6 +97,8 @@ func (p pageState) lock(name string) (pageLock, bool) {
 	}
 	return pageLock{}, false
 }
+
+func must(l pageLock, _ bool) pageLock { return l }
 
 func (p pageState) role(id string) string {
 	for _, m := range p.Members {
@@ -116,6 +125,13 @@ const readPage = `JSON.stringify({
   })),
   locks: [...document.querySelectorAll('#locks-body tr')].map(tr => ({
     name: tr.dataset.lock,
+    kind: tr.querySelector('.kind .kind-name').textContent,
+    kind_sub: tr.querySelector('.kind .sub')?.textContent ?? '',
+    delay: tr.querySelector('.delay')?.textContent ?? '',
+    holders: [...tr.querySelectorAll('.holder .line')].map(e => e.textContent),
+    tokens: [...tr.querySelectorAll('.token .line')].map(e => e.textContent),
+    ttls: [...tr.querySelectorAll('.ttl .line')].map(e => e.textContent),
+    values: [...tr.querySelectorAll('.value .line')].map(e => e.textContent),
     holder: tr.querySelector('.holder').textContent,
     token: tr.querySelector('.token').textContent,
     ttl: tr.querySelector('.ttl').textContent,
@@ -238,6 +254,32 @@ func TestDashboardInBrowser(t *testing.T) {
 		return ok && ok2 && strings.HasPrefix(l.Holder, "worker-7") && l.Token == tokenText && l.Queue == "2" &&
 			strings.HasSuffix(l.TTL, "s") && strings.HasPrefix(s.Holder, "cron-1") && s.TTL == "session"
 	})
+	// The lock kinds: a shared lock with two holders and their values, a
+	// semaphore, and a lock-delay left by a revoked holder.
+	tok1 := acquire("config/reader", map[string]any{"client_id": "reader-1", "ttl_ms": 90000, "mode": "shared", "value": "v=1"})
+	tok2 := acquire("config/reader", map[string]any{"client_id": "reader-2", "ttl_ms": 80000, "mode": "shared", "value": "v=2"})
+	acquire("pool/db", map[string]any{"client_id": "app-1", "ttl_ms": 90000, "limit": 3})
+	acquire("election/leader", map[string]any{"client_id": "old-leader", "ttl_ms": 90000, "lock_delay_ms": 60000, "value": "10.0.0.5:7070"})
+	if r := callRetry(ctx, http.MethodDelete, leader.URL()+"/api/v1/locks/election%2Fleader", nil); r.Status != 200 {
+		t.Fatalf("revoke election/leader: %d %s", r.Status, r.Raw)
+	}
+	p = waitPage(t, browser, "the lock kinds", 10*time.Second, func(p pageState) bool {
+		sh, ok1 := p.lock("config/reader")
+		sem, ok2 := p.lock("pool/db")
+		el, ok3 := p.lock("election/leader")
+		return ok1 && ok2 && ok3 &&
+			sh.Kind == "shared" && sh.KindSub == "2 holders" &&
+			slices.Equal(sh.Holders, []string{"reader-1", "reader-2"}) && slices.Equal(sh.Values, []string{"v=1", "v=2"}) &&
+			slices.Equal(sh.Tokens, []string{strconv.FormatUint(tok1, 10), strconv.FormatUint(tok2, 10)}) &&
+			len(sh.TTLs) == 2 && strings.HasSuffix(sh.TTLs[1], "s") &&
+			sem.Kind == "semaphore 3" && sem.KindSub == "1 of 3 held" && slices.Equal(sem.Holders, []string{"app-1"}) &&
+			strings.HasPrefix(el.Delay, "delayed for ") && strings.HasSuffix(el.Delay, " s") && el.Holder == "free" && el.Kind == "—"
+	})
+	if l, _ := p.lock("payment-processor"); l.Kind != "exclusive" || l.KindSub != "" {
+		t.Errorf("an ordinary lock shows kind %q %q", l.Kind, l.KindSub)
+	}
+	t.Logf("page shows config/reader: %+v", must(p.lock("config/reader")))
+
 	// The countdown runs in the page.
 	before, _ := p.lock("payment-processor")
 	p = waitPage(t, browser, "the time left counting down", 5*time.Second, func(p pageState) bool {

@@ -16,6 +16,7 @@ import (
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/internal/dashboard"
 	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/notify"
 	"github.com/lockd/lockd/internal/testutil"
 )
 
@@ -25,12 +26,14 @@ import (
 // http:// members.
 
 // fakeCluster is the state the fake members serve: one lock table, the
-// member list and the leader.
+// member list and the leader. (The table is set up before the members
+// serve, so their watches never see a change.)
 type fakeCluster struct {
 	mu      sync.RWMutex
 	table   *locktable.Table
 	members []api.Member
 	leader  string
+	watches *notify.Watches
 }
 
 // fakeMember is one member's view of a fakeCluster (a dashboard.Source).
@@ -67,6 +70,10 @@ func (m fakeMember) View(fn func(t *locktable.Table)) {
 	fn(m.c.table)
 }
 
+func (m fakeMember) WatchPrefix(prefix string, buf int) *notify.Watch {
+	return m.c.watches.WatchPrefix(prefix, buf)
+}
+
 // TestDashboardHTTPSPageKeepsTokenOffHTTP: a page served over https:// by
 // member a, whose cluster also has an http:// member b and an https://
 // member c. When a dies, the page fails over: it asks b without the token
@@ -88,7 +95,7 @@ func TestDashboardHTTPSPageKeepsTokenOffHTTP(t *testing.T) {
 	  {"name": "ops", "token": "`+opsToken+`", "permissions": [{"prefix": "", "access": "read"}]}
 	]}`)
 
-	fc := &fakeCluster{table: locktable.New(), leader: "a"}
+	fc := &fakeCluster{table: locktable.New(), leader: "a", watches: notify.NewWatches(nil)}
 	if r := fc.table.Apply(locktable.Command{Op: locktable.OpAcquire, Now: time.Now().UnixMilli(),
 		Lock: "payments/settle", ClientID: "worker-7", TTLms: 600000}); !r.Granted {
 		t.Fatalf("acquire: %+v", r)
@@ -194,7 +201,7 @@ func TestDashboardScriptRules(t *testing.T) {
 	// (Goroutines of an earlier test's cluster may still be winding down.)
 	before := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, before) })
-	fc := &fakeCluster{table: locktable.New(), leader: "a"}
+	fc := &fakeCluster{table: locktable.New(), leader: "a", watches: notify.NewWatches(nil)}
 	srv := httptest.NewServer(dashboard.New(fakeMember{id: "a", c: fc}, nil))
 	t.Cleanup(func() {
 		srv.CloseClientConnections()

@@ -1,13 +1,48 @@
 // Package dashboard serves lockd's live web dashboard at /ui/ on every
 // member: the members and their roles, the leader, the term, and the locks
-// with holder, fencing token, time left and queue length.
+// with their kind (exclusive, shared, semaphore), every holder with its
+// fencing token, time left and value, a running lock-delay and the queue
+// length.
 //
 // The page is plain HTML, CSS and JavaScript embedded with go:embed. It
 // receives its data as Server-Sent Events from /ui/events: one JSON snapshot
-// of what the page shows, pushed whenever it changes. One poller per handler
-// reads the member's local state (every PollInterval while at least one
-// stream is open, and never while none is) and fans the result out to every
-// open stream, so N viewers cost one poll, not N.
+// of what the page shows, pushed whenever it changes.
+//
+// One hub per handler feeds every open stream, so N viewers cost what one
+// does. While at least one stream is open it holds one watch on every lock
+// (Source.WatchPrefix("")), which delivers each committed change of a lock's
+// status; with none open it holds no watch and reads nothing. It does not
+// poll the lock table: a change (or a resync the watch asks for, after it
+// dropped changes or the state was replaced) makes it re-read the first
+// maxLocks locks and the table's counts, and publish the result if it
+// differs from the last. It re-reads rather than patching a view from the
+// changes because a snapshot carries table-wide counts and the first locks
+// by name, which a bounded view cannot maintain from changes alone.
+//
+// Re-reads are paced by readBudget: the first change after a quiet spell is
+// read at once; a burst costs at most one read per coalesce interval
+// (100 ms); on average the hub reads no more often than the 400 ms poll it
+// replaced (it earns one read per 400 ms, saves up to 4, and starts with
+// one, so that since a viewer arrived it has never read more often than the
+// poll would have); and it never holds the state lock more than ~5% of the
+// time (reads at least 20× their cost apart). While a read is pending,
+// changes wait in the watch's buffer instead of waking the hub one by one;
+// a change that a read already reflected (its index is at or below the
+// table's LastChange then) costs nothing more. Note that while the watch is
+// open the server records the status of every lock each entry changes (it
+// does so only while someone watches).
+//
+// Facts that are not lock changes — members, roles, leader, term, this
+// member's indexes, the session count — are refreshed on a slow timer
+// (every 2 s) and at every resync (the server signals one when this
+// member's leadership changes and when a snapshot replaces the state); the
+// member's status (state, term, indexes) is also re-read with every read of
+// the locks. /ui/snapshot reads everything afresh at each request.
+//
+// A snapshot lists at most maxLocks locks (the first by name), 16 holders
+// per lock and 2000 in all (every listed lock keeps its first), and the
+// first 200 bytes of each value: a semaphore may have 10 000 holders, a
+// value 4 KiB, and every viewer receives the whole snapshot at each change.
 //
 // A follower serves its local replica, which may lag the leader slightly;
 // the snapshot says which member served it and the page says so. When its
@@ -28,12 +63,12 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/notify"
 )
 
 //go:embed static
@@ -48,19 +83,40 @@ type Source interface {
 	Status() api.NodeStatus
 	// View runs fn on the local replicated state under a read lock.
 	View(fn func(t *locktable.Table))
+	// WatchPrefix watches the committed changes of every lock under a
+	// prefix, buffering up to buf of them (see notify.Watch).
+	WatchPrefix(prefix string, buf int) *notify.Watch
 }
 
 // Defaults.
 const (
-	DefaultPollInterval = 400 * time.Millisecond
-	DefaultHeartbeat    = 10 * time.Second
-	DefaultMaxLocks     = 500
-	DefaultMaxStreams   = 64
+	// DefaultCoalesce is the least time between two reads of the lock
+	// table: a burst of changes costs at most one read per interval.
+	DefaultCoalesce = 100 * time.Millisecond
+	// DefaultReadInterval bounds the reads of the lock table on average:
+	// no more than one per interval (the interval of the poll the watch
+	// replaced), with up to DefaultReadBurst saved during a quiet spell.
+	DefaultReadInterval = 400 * time.Millisecond
+	DefaultReadBurst    = 4
+	// DefaultClusterInterval is how often the facts that are not lock
+	// changes (members, roles, leader, term, indexes, sessions) are
+	// refreshed.
+	DefaultClusterInterval = 2 * time.Second
+	DefaultHeartbeat       = 10 * time.Second
+	DefaultMaxLocks        = 500
+	DefaultMaxStreams      = 64
+	// DefaultWatchBuffer is the watch's buffer; should it fill, the watch
+	// asks for a resync, which costs one read.
+	DefaultWatchBuffer = 1024
 )
 
 // config tunes a handler; tests shorten the intervals.
 type config struct {
-	pollInterval time.Duration // how often the local state is read while streams are open
+	coalesce     time.Duration // least time between two reads of the lock table
+	readEvery    time.Duration // on average at most one read of the lock table per readEvery
+	readBurst    int           // reads saved during a quiet spell, for a burst
+	clusterEvery time.Duration // refresh of the cluster facts while streams are open
+	watchBuf     int           // the watch's buffer of changes
 	heartbeat    time.Duration // a ping event at least this often on an idle stream
 	maxLocks     int           // locks listed per snapshot (first by name)
 	maxStreams   int           // concurrent event streams; more get 503
@@ -85,7 +141,8 @@ type Option func(*config)
 func WithAuth(s *auth.Store) Option { return func(c *config) { c.auth = s } }
 
 func defaultConfig() config {
-	return config{pollInterval: DefaultPollInterval, heartbeat: DefaultHeartbeat,
+	return config{coalesce: DefaultCoalesce, readEvery: DefaultReadInterval, readBurst: DefaultReadBurst,
+		clusterEvery: DefaultClusterInterval, watchBuf: DefaultWatchBuffer, heartbeat: DefaultHeartbeat,
 		maxLocks: DefaultMaxLocks, maxStreams: DefaultMaxStreams,
 		writeTimeout: 10 * time.Second, now: time.Now}
 }
@@ -253,7 +310,7 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 
 	ctx := r.Context()
 	f, changed := h.hub.current()
-	if f == nil { // the poller was just started: wait for its first read
+	if f == nil { // the watcher was just started: wait for its first read
 		select {
 		case <-changed:
 			f, changed = h.hub.current()
@@ -379,190 +436,4 @@ func stamp(body []byte, now time.Time) []byte {
 	out = strconv.AppendInt(out, now.UnixMilli(), 10)
 	out = append(out, ',')
 	return append(out, body[1:]...) // body is a non-empty JSON object
-}
-
-// Snapshot is what the page shows. It is pushed whenever it changes.
-type Snapshot struct {
-	// Member is the member that served this snapshot.
-	Member api.NodeStatus `json:"member"`
-	// Stale is true when Member is not the leader: the lock table is its
-	// local replica and may lag the leader slightly.
-	Stale        bool              `json:"stale"`
-	Cluster      api.ClusterStatus `json:"cluster"`
-	ClusterError string            `json:"cluster_error,omitempty"`
-	Locks        []Lock            `json:"locks"`
-	// LocksTotal counts every lock in the table (held or with waiters);
-	// Locks holds at most LocksLimit of them, the first by name.
-	LocksTotal  int    `json:"locks_total"`
-	LocksLimit  int    `json:"locks_limit"`
-	Held        int    `json:"held"`
-	Waiters     int    `json:"waiters"`
-	Sessions    int    `json:"sessions"`
-	LastToken   uint64 `json:"last_token"`
-	HeartbeatMs int64  `json:"heartbeat_ms"`
-}
-
-// Lock is one row of the locks table.
-type Lock struct {
-	Name     string `json:"name"`
-	Held     bool   `json:"held"`
-	ClientID string `json:"client_id,omitempty"`
-	// Session is set for a lock held through a session: the first
-	// characters of its id, enough to tell sessions apart on the page (the
-	// whole id would let a viewer act as the session).
-	Session string `json:"session,omitempty"`
-	Token   uint64 `json:"fencing_token,omitempty"`
-	TTLms   int64  `json:"ttl_ms,omitempty"`
-	// ExpiresAt is unix ms on the leader's clock; 0 for a lock with no TTL
-	// of its own (it lives as long as its session).
-	ExpiresAt int64 `json:"expires_at,omitempty"`
-	Waiters   int   `json:"waiters"`
-}
-
-// frame is one published snapshot, encoded without "now".
-type frame struct {
-	seq  uint64
-	body []byte
-}
-
-// hub runs one poller while streams are open and publishes a new frame when
-// the snapshot changes. Streams wait on a channel that is closed and
-// replaced at each publication.
-type hub struct {
-	src Source
-	cfg config
-	log *slog.Logger
-
-	mu      sync.Mutex
-	streams int
-	running bool
-	wake    chan struct{} // nudges the poller when the last stream leaves
-	cur     *frame
-	changed chan struct{}
-	seq     uint64
-}
-
-func newHub(src Source, cfg config, log *slog.Logger) *hub {
-	return &hub{src: src, cfg: cfg, log: log, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
-}
-
-// join registers a stream, starting the poller if needed; false when the
-// stream limit is reached.
-func (h *hub) join() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.streams >= h.cfg.maxStreams {
-		return false
-	}
-	h.streams++
-	if !h.running {
-		h.running = true
-		h.cur = nil // a frame from an earlier run is stale
-		go h.poll()
-	}
-	return true
-}
-
-// leave unregisters a stream; the poller stops when none is left.
-func (h *hub) leave() {
-	h.mu.Lock()
-	h.streams--
-	last := h.streams == 0
-	h.mu.Unlock()
-	if last {
-		select {
-		case h.wake <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// current returns the latest frame (nil before the first read) and the
-// channel closed when the next one is published.
-func (h *hub) current() (*frame, <-chan struct{}) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.cur, h.changed
-}
-
-// poll reads the state every pollInterval (longer when reading is slow, so
-// the dashboard never takes more than ~5% of the state lock) and publishes
-// changes, until no stream is left.
-func (h *hub) poll() {
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-timer.C:
-		case <-h.wake:
-		}
-		h.mu.Lock()
-		if h.streams == 0 {
-			h.running = false
-			h.mu.Unlock()
-			return
-		}
-		h.mu.Unlock()
-
-		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		body := h.build(ctx)
-		cancel()
-		cost := time.Since(start)
-
-		h.mu.Lock()
-		if h.cur == nil || !bytes.Equal(body, h.cur.body) {
-			h.seq++
-			h.cur = &frame{seq: h.seq, body: body}
-			close(h.changed)
-			h.changed = make(chan struct{})
-		}
-		h.mu.Unlock()
-		timer.Reset(max(h.cfg.pollInterval, 20*cost))
-	}
-}
-
-// build reads the member's state into an encoded Snapshot.
-func (h *hub) build(ctx context.Context) []byte {
-	s := Snapshot{Member: h.src.Status(), LocksLimit: h.cfg.maxLocks, HeartbeatMs: h.cfg.heartbeat.Milliseconds(),
-		Locks: []Lock{}}
-	cs, err := h.src.Cluster(ctx)
-	if err != nil {
-		s.ClusterError = err.Error()
-		cs = api.ClusterStatus{LeaderID: s.Member.LeaderID, Term: s.Member.Term}
-	}
-	if cs.Members == nil {
-		cs.Members = []api.Member{}
-	}
-	s.Cluster = cs
-	s.Stale = !strings.EqualFold(s.Member.State, "leader")
-
-	var infos []locktable.LockInfo
-	h.src.View(func(t *locktable.Table) {
-		infos = t.List("", h.cfg.maxLocks)
-		st := t.Stats()
-		s.LocksTotal, s.Held, s.Waiters, s.Sessions, s.LastToken = st.Locks, st.Held, st.Waiters, st.Sessions, st.LastToken
-	})
-	for _, li := range infos {
-		l := Lock{Name: li.Name, Held: li.Held, Waiters: li.Waiters}
-		if li.Held {
-			l.ClientID, l.Session, l.Token, l.TTLms, l.ExpiresAt = li.ClientID, shortID(li.SessionID), li.Token, li.TTLms, li.ExpiresAt
-		}
-		s.Locks = append(s.Locks, l)
-	}
-	body, err := json.Marshal(s)
-	if err != nil { // cannot happen with these types
-		h.log.Error("dashboard snapshot encoding failed", "err", err)
-		return []byte(`{"cluster_error":` + strconv.Quote(err.Error()) + `}`)
-	}
-	return body
-}
-
-// shortID shortens a session id for display.
-func shortID(id string) string {
-	const n = 8
-	if len(id) <= n {
-		return id
-	}
-	return id[:n] + "…"
 }

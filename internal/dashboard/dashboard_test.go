@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -13,6 +14,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -23,22 +25,31 @@ import (
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/notify"
 )
 
-// fakeSource is a member whose state the test drives.
+// fakeSource is a member whose state the test drives. Like the server, it
+// applies each command at the next log index and then hands the status of
+// every lock the command touched to the watchers.
 type fakeSource struct {
-	mu      sync.RWMutex
-	table   *locktable.Table
-	status  api.NodeStatus
-	cluster api.ClusterStatus
-	err     error
-	views   int
+	mu       sync.RWMutex
+	table    *locktable.Table
+	index    uint64
+	status   api.NodeStatus
+	cluster  api.ClusterStatus
+	err      error
+	views    int // View calls
+	statuses int // Status calls
+	clusters int // Cluster calls
+	watches  *notify.Watches
 }
 
 func newFake() *fakeSource {
 	return &fakeSource{
-		table:  locktable.New(),
-		status: api.NodeStatus{ID: "n1", State: "Leader", LeaderID: "n1", Term: 3, CommitIndex: 10, AppliedIndex: 10},
+		table:   locktable.New(),
+		index:   10,
+		watches: notify.NewWatches(nil),
+		status:  api.NodeStatus{ID: "n1", State: "Leader", LeaderID: "n1", Term: 3, CommitIndex: 10, AppliedIndex: 10},
 		cluster: api.ClusterStatus{LeaderID: "n1", LeaderHTTP: "http://127.0.0.1:7070", Term: 3, Members: []api.Member{
 			{ID: "n1", RaftAddr: "127.0.0.1:7071", HTTPAddr: "http://127.0.0.1:7070", Voter: true},
 			{ID: "n2", RaftAddr: "127.0.0.1:7171", HTTPAddr: "http://127.0.0.1:7170", Voter: true},
@@ -48,12 +59,18 @@ func newFake() *fakeSource {
 }
 
 func (f *fakeSource) Cluster(context.Context) (api.ClusterStatus, error) {
+	f.mu.Lock()
+	f.clusters++
+	f.mu.Unlock()
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.cluster, f.err
 }
 
 func (f *fakeSource) Status() api.NodeStatus {
+	f.mu.Lock()
+	f.statuses++
+	f.mu.Unlock()
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.status
@@ -68,18 +85,44 @@ func (f *fakeSource) View(fn func(t *locktable.Table)) {
 	fn(f.table)
 }
 
+func (f *fakeSource) WatchPrefix(prefix string, buf int) *notify.Watch {
+	return f.watches.WatchPrefix(prefix, buf)
+}
+
+// reads returns the number of calls of each reading method.
+func (f *fakeSource) reads() (views, statuses, clusters int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.views, f.statuses, f.clusters
+}
+
 func (f *fakeSource) apply(t *testing.T, c locktable.Command) locktable.Result {
 	t.Helper()
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.table.Apply(c)
+	f.index++
+	idx := f.index
+	r := f.table.ApplyAt(idx, c)
+	f.status.CommitIndex, f.status.AppliedIndex = idx, idx
+	var changes []notify.Change
+	seen := map[string]bool{}
+	for _, ev := range r.Events {
+		if ev.Lock != "" && !seen[ev.Lock] {
+			seen[ev.Lock] = true
+			changes = append(changes, notify.Change{Index: idx, Status: f.table.Get(ev.Lock)})
+		}
+	}
+	f.mu.Unlock()
+	f.watches.Publish(changes)
+	return r
 }
 
 const t0 int64 = 1_700_000_000_000
 
 func testConfig() config {
 	c := defaultConfig()
-	c.pollInterval = 20 * time.Millisecond
+	c.coalesce = 20 * time.Millisecond
+	c.readEvery = 50 * time.Millisecond
+	c.clusterEvery = 200 * time.Millisecond
 	c.heartbeat = 150 * time.Millisecond
 	c.writeTimeout = 2 * time.Second
 	return c
@@ -141,7 +184,7 @@ func TestStaticAssets(t *testing.T) {
 func TestSnapshotContents(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	f := newFake()
-	f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: "b/payments", ClientID: "worker-7", TTLms: 30000})
+	f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: "b/payments", ClientID: "worker-7", TTLms: 30000, Value: "10.0.0.7:8080"})
 	f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: "b/payments", ClientID: "worker-8", TTLms: 30000, WaitMs: 60000})
 	f.apply(t, locktable.Command{Op: locktable.OpCreateSession, Now: t0, SessionID: "s1", ClientID: "cron", TTLms: 15000})
 	f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: "a/nightly", ClientID: "cron", SessionID: "s1"})
@@ -170,14 +213,13 @@ func TestSnapshotContents(t *testing.T) {
 			s.LocksTotal, s.LocksLimit, len(s.Locks), s.Held, s.Waiters, s.Sessions, s.LastToken)
 	}
 	want := []Lock{
-		{Name: "a/nightly", Held: true, ClientID: "cron", Session: "s1", Token: 2},
-		{Name: "b/payments", Held: true, ClientID: "worker-7", Token: 1, TTLms: 30000, ExpiresAt: t0 + 30000, Waiters: 1},
+		{Name: "a/nightly", Held: true, Mode: "exclusive", Limit: 1, HoldersTotal: 1, Index: 14,
+			Holders: []Holder{{ClientID: "cron", Session: "s1", Token: 2}}},
+		{Name: "b/payments", Held: true, Mode: "exclusive", Limit: 1, HoldersTotal: 1, Waiters: 1, Index: 12,
+			Holders: []Holder{{ClientID: "worker-7", Token: 1, TTLms: 30000, ExpiresAt: t0 + 30000, Value: "10.0.0.7:8080"}}},
 	}
-	for i := range want {
-		if i >= len(s.Locks) || s.Locks[i] != want[i] {
-			t.Errorf("locks = %+v\nwant   %+v", s.Locks, want)
-			break
-		}
+	if !reflect.DeepEqual(s.Locks, want) {
+		t.Errorf("locks = %+v\nwant   %+v", s.Locks, want)
 	}
 
 	// A follower's snapshot is marked stale; a cluster error is reported,
@@ -191,6 +233,74 @@ func TestSnapshotContents(t *testing.T) {
 	m := decode(t, rec.Body.Bytes())
 	if m["stale"] != true || m["cluster_error"] != "raft is shutting down" || m["cluster"].(map[string]any)["leader_id"] != "n2" {
 		t.Errorf("follower snapshot: %s", rec.Body)
+	}
+}
+
+// TestSnapshotLockKinds: a snapshot shows each lock's mode and limit,
+// every holder with its token, expiry and value (values cut to
+// maxValueBytes at a character boundary), a running lock-delay, and
+// bounds the holders it lists.
+func TestSnapshotLockKinds(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	f := newFake()
+	acq := func(c locktable.Command) {
+		t.Helper()
+		c.Op, c.Now = locktable.OpAcquire, t0
+		if r := f.apply(t, c); !r.Granted {
+			t.Fatalf("acquire %+v: %+v", c, r)
+		}
+	}
+	long := strings.Repeat("x", maxValueBytes-1) + "é and more" // é straddles the cut
+	acq(locktable.Command{Lock: "d/shared", ClientID: "r1", TTLms: 5000, Mode: locktable.Shared, Value: "v1"})
+	acq(locktable.Command{Lock: "d/shared", ClientID: "r2", TTLms: 6000, Mode: locktable.Shared, Value: long})
+	acq(locktable.Command{Lock: "e/sem", ClientID: "p1", TTLms: 5000, Limit: 3})
+	acq(locktable.Command{Lock: "e/sem", ClientID: "p2", TTLms: 5000, Limit: 3})
+	acq(locktable.Command{Lock: "f/delayed", ClientID: "x", TTLms: 5000, DelayMs: 1500})
+	if r := f.apply(t, locktable.Command{Op: locktable.OpRevoke, Now: t0 + 100, Lock: "f/delayed"}); len(r.Tokens) != 1 {
+		t.Fatalf("revoke: %+v", r)
+	}
+	for i := range maxHoldersPerLock + 4 {
+		acq(locktable.Command{Lock: "g/big", ClientID: fmt.Sprintf("c%02d", i), TTLms: 5000, Limit: 100})
+	}
+
+	h := newHandler(f, nil, testConfig())
+	var s Snapshot
+	if err := json.Unmarshal(h.hub.build(context.Background()), &s); err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]Lock{}
+	for _, l := range s.Locks {
+		byName[l.Name] = l
+	}
+
+	sh := byName["d/shared"]
+	cutLong := strings.Repeat("x", maxValueBytes-1)
+	wantShared := []Holder{
+		{ClientID: "r1", Token: 1, TTLms: 5000, ExpiresAt: t0 + 5000, Value: "v1"},
+		{ClientID: "r2", Token: 2, TTLms: 6000, ExpiresAt: t0 + 6000, Value: cutLong, ValueTruncated: true},
+	}
+	if sh.Mode != "shared" || sh.Limit != 1 || sh.HoldersTotal != 2 || !reflect.DeepEqual(sh.Holders, wantShared) {
+		t.Errorf("shared lock: %+v", sh)
+	}
+	sem := byName["e/sem"]
+	if sem.Mode != "exclusive" || sem.Limit != 3 || sem.HoldersTotal != 2 || len(sem.Holders) != 2 || sem.Holders[1].ClientID != "p2" {
+		t.Errorf("semaphore: %+v", sem)
+	}
+	d := byName["f/delayed"]
+	if d.Held || d.Mode != "none" || d.DelayedUntil != t0+100+1500 || len(d.Holders) != 0 || d.HoldersTotal != 0 {
+		t.Errorf("delayed lock: %+v", d)
+	}
+	big := byName["g/big"]
+	if big.Limit != 100 || big.HoldersTotal != maxHoldersPerLock+4 || len(big.Holders) != maxHoldersPerLock {
+		t.Errorf("semaphore of %d holders: limit %d, %d listed of %d", maxHoldersPerLock+4, big.Limit, len(big.Holders), big.HoldersTotal)
+	}
+
+	// The holders listed per snapshot are bounded too: every lock keeps
+	// its first holder.
+	budget := 3
+	five := locktable.LockInfo{Held: true, Limit: 5, Holders: make([]locktable.Holder, 5)}
+	if n1, n2, n3 := listed(five, &budget), listed(five, &budget), listed(locktable.LockInfo{}, &budget); n1 != 3 || n2 != 1 || n3 != 0 {
+		t.Errorf("holder budget of 3, two locks of 5 holders and a free one: %d, %d and %d listed, want 3, 1, 0", n1, n2, n3)
 	}
 }
 
@@ -281,25 +391,37 @@ func TestEventsPushChangesAndHeartbeats(t *testing.T) {
 	if ev.name != "" || ev.id == "" || first["now"] == nil || len(first["locks"].([]any)) != 0 {
 		t.Fatalf("first event: %+v", ev)
 	}
+	if !f.watches.Watching() {
+		t.Fatal("a stream is open but the hub holds no watch")
+	}
 
-	// A change is pushed within a few polls.
+	// A change is pushed.
 	f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: "payment-processor", ClientID: "worker-7", TTLms: 30000})
 	ev = sse.nextWithin(t, 3*time.Second)
 	m := decode(t, []byte(ev.data))
 	locks := m["locks"].([]any)
-	if ev.name != "" || len(locks) != 1 || locks[0].(map[string]any)["client_id"] != "worker-7" || locks[0].(map[string]any)["fencing_token"] != 1.0 {
+	if ev.name != "" || len(locks) != 1 {
+		t.Fatalf("after acquire: %+v", ev)
+	}
+	if h := locks[0].(map[string]any)["holders"].([]any)[0].(map[string]any); h["client_id"] != "worker-7" || h["fencing_token"] != 1.0 {
 		t.Fatalf("after acquire: %+v", ev)
 	}
 
-	// Nothing changes: only heartbeats, carrying the member's clock.
+	// Nothing changes: only heartbeats, carrying the member's clock, and no
+	// read of the lock table (the cluster facts are refreshed meanwhile).
+	reads := h.hub.counters().lockReads
 	for i := 0; i < 2; i++ {
 		ev = sse.nextWithin(t, 3*time.Second)
 		if ev.name != "ping" || decode(t, []byte(ev.data))["now"] == nil {
 			t.Fatalf("expected a ping, got %+v", ev)
 		}
 	}
+	if c := h.hub.counters(); c.lockReads != reads || c.clusterReads == 0 {
+		t.Errorf("with nothing changing: %d more reads of the lock table (want 0), %d refreshes of the cluster facts (want > 0)",
+			c.lockReads-reads, c.clusterReads)
+	}
 
-	// A second viewer shares the poller and gets the current state at once.
+	// A second viewer shares the watch and gets the current state at once.
 	resp2, sse2 := openStream(t, ctx, srv.URL, "")
 	ev = sse2.nextWithin(t, 3*time.Second)
 	if len(decode(t, []byte(ev.data))["locks"].([]any)) != 1 {
@@ -308,20 +430,236 @@ func TestEventsPushChangesAndHeartbeats(t *testing.T) {
 	resp2.Body.Close()
 	resp.Body.Close()
 
-	// With no viewer left, the poller stops and reads no more.
+	// With no viewer left, the hub drops its watch and reads no more.
 	waitFor(t, 3*time.Second, func() bool {
 		h.hub.mu.Lock()
 		defer h.hub.mu.Unlock()
-		return !h.hub.running
+		return !h.hub.running && !f.watches.Watching()
 	})
-	f.mu.Lock()
-	views := f.views
-	f.mu.Unlock()
-	time.Sleep(100 * time.Millisecond)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.views != views {
-		t.Errorf("the state was read %d more times with no viewer", f.views-views)
+	views, statuses, clusters := f.reads()
+	f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: "another", ClientID: "worker-8", TTLms: 30000})
+	time.Sleep(300 * time.Millisecond) // longer than the cluster facts' interval
+	if v, s, c := f.reads(); v != views || s != statuses || c != clusters {
+		t.Errorf("with no viewer the state was read: %d views, %d statuses, %d cluster reads", v-views, s-statuses, c-clusters)
+	}
+}
+
+// TestNoViewerNoWatchNoReads: a dashboard nobody looks at holds no watch
+// and reads nothing, whatever happens to the locks.
+func TestNoViewerNoWatchNoReads(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	f := newFake()
+	srv := httptest.NewServer(newHandler(f, nil, testConfig()))
+	defer srv.Close()
+	for i := range 20 {
+		f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: fmt.Sprintf("l%d", i), ClientID: "c", TTLms: 30000})
+	}
+	time.Sleep(300 * time.Millisecond)
+	if v, s, c := f.reads(); v+s+c != 0 || f.watches.Watching() {
+		t.Errorf("no viewer: %d views, %d statuses, %d cluster reads, watching %v", v, s, c, f.watches.Watching())
+	}
+}
+
+// TestChangePushedPromptly: with the default pacing, a change made while a
+// page is open reaches it at once (the first change after a quiet spell is
+// read immediately), well within the old poll's 400 ms.
+func TestChangePushedPromptly(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	f := newFake()
+	cfg := testConfig()
+	cfg.coalesce, cfg.readEvery = DefaultCoalesce, DefaultReadInterval
+	h := newHandler(f, nil, cfg)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, sse := openStream(t, ctx, srv.URL, "")
+	defer resp.Body.Close()
+	sse.nextWithin(t, 3*time.Second)
+
+	for i := range 3 {
+		time.Sleep(DefaultReadInterval + 50*time.Millisecond) // a quiet spell: a read is available
+		name := fmt.Sprintf("lock-%d", i)
+		start := time.Now()
+		f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: name, ClientID: "w", TTLms: 30000})
+		for {
+			ev := sse.nextWithin(t, 3*time.Second)
+			if ev.name == "" && strings.Contains(ev.data, `"name":"`+name+`"`) {
+				break
+			}
+		}
+		took := time.Since(start)
+		t.Logf("change %d pushed after %s", i, took)
+		if took > 250*time.Millisecond { // generous for a busy 2-core machine; typically well under 10 ms
+			t.Errorf("change %d pushed after %s", i, took)
+		}
+	}
+}
+
+// TestBurstCoalesces: a burst of changes spread over a few hundred
+// milliseconds costs a few reads and frames, at most one per coalesce
+// interval, not one per change, and the last frame shows the state after
+// the burst. With a watch buffer too small for an instant burst, the watch
+// asks for a resync and the result is the same.
+func TestBurstCoalesces(t *testing.T) {
+	for _, buf := range []int{DefaultWatchBuffer, 4} {
+		t.Run(fmt.Sprintf("buffer %d", buf), func(t *testing.T) {
+			defer goleak.VerifyNone(t)
+			f := newFake()
+			cfg := testConfig()
+			cfg.coalesce, cfg.readEvery, cfg.watchBuf = DefaultCoalesce, DefaultReadInterval, buf
+			cfg.clusterEvery = time.Hour // only lock reads publish here
+			h := newHandler(f, nil, cfg)
+			srv := httptest.NewServer(h)
+			defer srv.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, sse := openStream(t, ctx, srv.URL, "")
+			defer resp.Body.Close()
+			sse.nextWithin(t, 3*time.Second)
+			time.Sleep(DefaultReadInterval * DefaultReadBurst) // the budget is full
+			before := h.hub.counters()
+
+			const n = 300
+			start := time.Now()
+			for i := range n {
+				f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: fmt.Sprintf("burst/%03d", i), ClientID: "w", TTLms: 30000})
+				if buf >= n {
+					time.Sleep(time.Millisecond) // spread the burst over a few coalesce intervals
+				}
+			}
+			burst := time.Since(start)
+			frames := 0
+			for {
+				ev := sse.nextWithin(t, 3*time.Second)
+				if ev.name != "" {
+					continue
+				}
+				frames++
+				var s Snapshot
+				if err := json.Unmarshal([]byte(ev.data), &s); err != nil {
+					t.Fatal(err)
+				}
+				if s.LocksTotal == n && len(s.Locks) == n {
+					break
+				}
+			}
+			after := h.hub.counters()
+			reads := after.lockReads - before.lockReads
+			t.Logf("%d changes in %s: %d reads, %d frames, %d changes received (%d already read), %d resyncs",
+				n, burst, reads, frames, after.changes-before.changes, after.skipped-before.skipped, after.resyncs-before.resyncs)
+			// The first change is read at once, the rest at most once per
+			// coalesce interval.
+			if limit := 2 + int(burst/DefaultCoalesce); reads > limit || frames > reads {
+				t.Errorf("%d changes in %s: %d reads and %d frames, want at most %d", n, burst, reads, frames, limit)
+			}
+			if buf < n && after.resyncs == before.resyncs {
+				t.Errorf("buffer %d, %d changes: no resync", buf, n)
+			}
+		})
+	}
+}
+
+// TestSustainedLoadReadsNoMoreThanThePoll: under changes that never stop,
+// the hub reads the lock table no more often than the poll it replaced
+// (one read per readEvery, counted from the moment the stream opened), and
+// the page keeps receiving frames.
+func TestSustainedLoadReadsNoMoreThanThePoll(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	f := newFake()
+	cfg := testConfig()
+	cfg.coalesce, cfg.readEvery = 10*time.Millisecond, 100*time.Millisecond
+	cfg.clusterEvery = time.Hour
+	h := newHandler(f, nil, cfg)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	opened := time.Now()
+	resp, sse := openStream(t, ctx, srv.URL, "")
+	defer resp.Body.Close()
+
+	frames := make(chan int, 1)
+	go func() {
+		n := 0
+		for {
+			ev, err := sse.next()
+			if err != nil {
+				frames <- n
+				return
+			}
+			if ev.name == "" {
+				n++
+			}
+		}
+	}()
+	for i := 0; time.Since(opened) < time.Second; i++ {
+		f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: fmt.Sprintf("load/%05d", i), ClientID: "w", TTLms: 30000})
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(opened)
+	reads := h.hub.counters().lockReads
+	resp.Body.Close()
+	got := <-frames
+	poll := 1 + int(elapsed/cfg.readEvery) // what the poll read in that time, at its first tick and every readEvery
+	t.Logf("%s of changes: %d reads of the lock table (the poll: %d), %d frames", elapsed, reads, poll, got)
+	if reads > poll || reads < poll/3 || got < 2 {
+		t.Errorf("%s of changes: %d reads (want ≤ %d, the poll's, and ≥ %d) and %d frames", elapsed, reads, poll, poll/3, got)
+	}
+}
+
+// TestReadBudget checks the pacing on a simulated clock: reads never
+// closer than coalesce, never more in total than the poll's one per
+// readEvery since the start, and a burst after a quiet spell.
+func TestReadBudget(t *testing.T) {
+	cfg := defaultConfig()
+	start := time.Unix(1000, 0)
+	b := newReadBudget(cfg, start)
+	// Ask for a read every millisecond for 10 s: the reads go where next
+	// allows.
+	var reads []time.Time
+	for now := start; now.Before(start.Add(10 * time.Second)); now = now.Add(time.Millisecond) {
+		if !b.next().After(now) {
+			reads = append(reads, now)
+			b.spend(now, 100*time.Microsecond)
+		}
+	}
+	for i, r := range reads {
+		if poll := 1 + int(r.Sub(start)/cfg.readEvery); i+1 > poll {
+			t.Fatalf("read %d at +%s: more than the poll's %d", i+1, r.Sub(start), poll)
+		}
+		if i > 0 && r.Sub(reads[i-1]) < cfg.coalesce {
+			t.Fatalf("reads %s apart", r.Sub(reads[i-1]))
+		}
+	}
+	if len(reads) < 24 {
+		t.Errorf("%d reads in 10 s of continuous changes, want ~25", len(reads))
+	}
+
+	// After a quiet spell, readBurst reads coalesce apart, then readEvery.
+	quiet := reads[len(reads)-1].Add(5 * time.Second)
+	var burst []time.Duration
+	for now := quiet; len(burst) < cfg.readBurst+2; now = now.Add(time.Millisecond) {
+		if !b.next().After(now) {
+			burst = append(burst, now.Sub(quiet))
+			b.spend(now, 100*time.Microsecond)
+		}
+	}
+	want := []time.Duration{0, 100, 200, 300}
+	for i, w := range want {
+		if burst[i] != w*time.Millisecond {
+			t.Errorf("after a quiet spell: reads at %v, want %v first", burst, want)
+			break
+		}
+	}
+	if d := burst[cfg.readBurst+1] - burst[cfg.readBurst]; d != cfg.readEvery {
+		t.Errorf("after the burst: reads %s apart, want %s", d, cfg.readEvery)
+	}
+
+	// A slow read spaces the reads 20 times its cost.
+	b.spend(quiet.Add(time.Hour), 50*time.Millisecond)
+	if d := b.next().Sub(quiet.Add(time.Hour)); d != time.Second {
+		t.Errorf("after a 50 ms read the next one waits %s, want 1s", d)
 	}
 }
 

@@ -32,7 +32,8 @@
     upgraded: new Set(), // leader+term already tried while following
     members: new Map(), // origin -> member id, learned from snapshots
     unreachable: new Map(), // origin this browser failed to read from -> term then
-    ttlCells: [],       // [cell, expiresAt, ttlMs] for the countdown
+    ttlCells: [],       // [text, bar, expiresAt, ttlMs] for the holders' countdowns
+    delayCells: [],     // [tag, delayedUntil] for the lock-delays' countdowns
   };
 
   // ---- helpers --------------------------------------------------------
@@ -399,40 +400,14 @@
       mb.append(tr);
     }
 
-    // locks
+    // locks: one row per lock; one line per holder in the holder, token,
+    // time-left and value cells, so that a holder's facts line up.
     const locks = s.locks || [];
     const lb = $('locks-body');
     lb.replaceChildren();
     st.ttlCells = [];
-    for (const l of locks) {
-      const tr = el('tr');
-      tr.dataset.lock = l.name;
-      const holder = el('td', 'holder');
-      if (l.held) {
-        holder.append(el('span', 'mono', l.client_id));
-        if (l.session) holder.append(el('span', 'sub', 'session ' + l.session));
-      } else {
-        holder.append(el('span', 'muted', 'free'));
-      }
-      const ttl = el('td', 'ttl num');
-      if (!l.held) {
-        ttl.append(el('span', 'muted', '—'));
-      } else if (!l.expires_at) {
-        ttl.append(el('span', 'muted', 'session'));
-      } else {
-        const text = el('span', 'left');
-        const bar = el('span', 'bar');
-        const fill = el('i');
-        bar.append(fill);
-        ttl.append(text, bar);
-        st.ttlCells.push([text, fill, l.expires_at, l.ttl_ms || 0]);
-      }
-      const q = el('td', 'queue num');
-      if (l.waiters > 0) q.append(el('span', 'qbadge', l.waiters));
-      else q.append(el('span', 'muted', '0'));
-      tr.append(el('td', 'name mono', l.name), holder, el('td', 'token num mono', l.held ? l.fencing_token : '—'), ttl, q);
-      lb.append(tr);
-    }
+    st.delayCells = [];
+    for (const l of locks) lb.append(lockRow(l));
     $('locks-empty').hidden = locks.length > 0;
     $('locks-meta').textContent = s.locks_total > locks.length
       ? 'first ' + locks.length + ' of ' + s.locks_total + ' by name'
@@ -444,9 +419,93 @@
     $('updated').textContent = 'updated ' + new Date().toLocaleTimeString();
   }
 
+  // kindOf names a lock's kind: "semaphore N" for a lock that admits N
+  // holders, else its holders' mode; "—" for a free ordinary lock.
+  function kindOf(l) {
+    const limit = l.limit || 1;
+    if (limit > 1) return 'semaphore ' + limit;
+    return l.held && l.mode && l.mode !== 'none' ? l.mode : '—';
+  }
+
+  function line(cls, text) {
+    return el('div', cls ? 'line ' + cls : 'line', text);
+  }
+
+  function lockRow(l) {
+    const tr = el('tr');
+    tr.dataset.lock = l.name;
+
+    const name = el('td', 'name');
+    name.append(el('span', 'mono', l.name));
+    if (l.delayed_until) {
+      const d = el('span', 'tag warn delay');
+      name.append(d);
+      st.delayCells.push([d, l.delayed_until]);
+    }
+
+    const limit = l.limit || 1;
+    const total = l.holders_total || 0;
+    const kind = el('td', 'kind');
+    const kt = kindOf(l);
+    kind.append(el('span', kt === '—' ? 'kind-name muted' : 'kind-name', kt));
+    if (limit > 1) kind.append(el('span', 'sub', total + ' of ' + limit + ' held'));
+    else if (l.held && l.mode === 'shared') kind.append(el('span', 'sub', total + (total === 1 ? ' holder' : ' holders')));
+
+    const holder = el('td', 'holder');
+    const token = el('td', 'token num mono');
+    const ttl = el('td', 'ttl num');
+    const value = el('td', 'value');
+    const holders = l.holders || [];
+    if (!l.held || holders.length === 0) {
+      const free = line('');
+      free.append(el('span', 'muted', 'free'));
+      holder.append(free);
+      token.append(line('muted', '—'));
+      ttl.append(line('muted', '—'));
+      value.append(line('muted', '—'));
+    }
+    for (const h of holders) {
+      const who = line('');
+      who.append(el('span', 'mono', h.client_id));
+      if (h.session) who.append(el('span', 'sess', 'session ' + h.session));
+      holder.append(who);
+      token.append(line('', h.fencing_token));
+      if (!h.expires_at) {
+        ttl.append(line('muted', 'session'));
+      } else {
+        const ln = line('');
+        const text = el('span', 'left');
+        const bar = el('span', 'bar');
+        const fill = el('i');
+        bar.append(fill);
+        ln.append(text, bar);
+        ttl.append(ln);
+        st.ttlCells.push([text, fill, h.expires_at, h.ttl_ms || 0]);
+      }
+      if (h.value) {
+        const v = line('mono', h.value + (h.value_truncated ? '…' : ''));
+        v.title = h.value_truncated ? h.value + '… (cut: the value is longer)' : h.value;
+        value.append(v);
+      } else {
+        value.append(line('muted', '—'));
+      }
+    }
+    if (total > holders.length) holder.append(line('muted more', '+' + (total - holders.length) + ' more'));
+
+    const q = el('td', 'queue num');
+    if (l.waiters > 0) q.append(el('span', 'qbadge', l.waiters));
+    else q.append(el('span', 'muted', '0'));
+    tr.append(name, kind, holder, token, ttl, value, q);
+    return tr;
+  }
+
   // tick redraws the countdowns from the member's clock (now + offset).
   function tick() {
     const now = Date.now() + st.offset;
+    for (const [d, until] of st.delayCells) {
+      const left = until - now;
+      d.textContent = left > 0 ? 'delayed for ' + fmtLeft(left) : 'delay ending';
+    }
     for (const [text, fill, exp, ttl] of st.ttlCells) {
       const left = exp - now;
       text.textContent = fmtLeft(left);
