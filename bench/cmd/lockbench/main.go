@@ -4,6 +4,7 @@
 //
 //	lockbench [flags]          the side-by-side benchmark (workloads a–e)
 //	lockbench scale [flags]    the scale benchmark (1M held locks, 100k waiters)
+//	lockbench disk [flags]     the disk's floor: a small write + fsync, p50/p99
 //
 // It starts a lockd cluster (the real lockd binary, built from ../cmd/lockd),
 // an etcd cluster (go.etcd.io/etcd/server/v3/embed, each member a
@@ -19,6 +20,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -28,6 +31,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -39,6 +43,8 @@ func main() {
 			os.Exit(etcdMemberMain(os.Args[2:]))
 		case "scale":
 			os.Exit(scaleMain(os.Args[2:]))
+		case "disk":
+			os.Exit(diskMain(os.Args[2:]))
 		case "run":
 			os.Exit(benchMain(os.Args[2:]))
 		}
@@ -123,6 +129,7 @@ func benchMain(args []string) int {
 	opTimeout := fs.Duration("op-timeout", 30*time.Second, "bound of one acquire or release")
 	cpuProfile := fs.String("cpuprofile", "", "write a pprof CPU profile of lockbench itself (the clients) to this file")
 	perf := fs.String("perf", "", "workloads (e.g. b) during whose measured windows `perf record` samples each system's leader; reports go to --out")
+	pprofWLs := fs.String("pprof", "", "workloads (e.g. b,c) during whose measured windows a Go CPU profile of each lockd leader is fetched (the members run with --pprof); profiles and `go tool pprof -top` go to --out")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -202,6 +209,9 @@ func benchMain(args []string) int {
 	rep.Config = benchConfig{Members: cf.members, Duration: duration.String(), Warmup: warmup.String(), Rounds: *rounds,
 		Setups: setups, Clients: clientModes, Systems: sysNames, SessionTTL: sessionTTL.String(), EtcdConns: *etcdConns, Quick: *quick,
 		LockdFlags: strings.Fields(*lockdFlags)}
+	if *pprofWLs != "" && !slices.Contains(rep.Config.LockdFlags, "--pprof") {
+		rep.Config.LockdFlags = append(rep.Config.LockdFlags, "--pprof")
+	}
 	if zkInst != nil {
 		rep.Config.ZooKeeper = &zkConfig{Classpath: zkInst.classpath, Heap: *zkHeap, Warmup: zkWarmup.String(), ForceSync: true}
 	}
@@ -294,8 +304,8 @@ func benchMain(args []string) int {
 	}
 	prog := newProgress(total)
 	o := runOpts{warmup: *warmup, duration: *duration, opTimeout: *opTimeout, prog: prog}
-	if *perf != "" {
-		o.hook = perfHook(cf.out, splitList(*perf), prog)
+	if *perf != "" || *pprofWLs != "" {
+		o.hook = profileHook(cf.out, splitList(*perf), splitList(*pprofWLs), prog)
 	}
 	var runErr error
 loop:
@@ -453,41 +463,119 @@ func describeHost(repo string) hostInfo {
 	return h
 }
 
-// perfHook samples the leader of each system with `perf record` during the
-// measured window of the listed workloads and writes the top of `perf
-// report` next to the results.
-func perfHook(out string, wls []string, prog *progress) func(ctx context.Context, sys system, wl workload, setup string, pid int, d time.Duration) {
-	want := map[string]bool{}
-	for _, w := range wls {
-		want[w] = true
-	}
-	return func(ctx context.Context, sys system, wl workload, setup string, pid int, d time.Duration) {
-		if !want[wl.Key] || pid == 0 {
-			return
+// profileHook samples the leader of each system with `perf record` during
+// the measured window of the workloads in perfWLs, and fetches a Go CPU
+// profile from lockd leaders (served with --pprof) during those in
+// pprofWLs; it writes the top of each report next to the results, named
+// <kind>-<system>-<workload>-<setup>-<clients>.
+func profileHook(out string, perfWLs, pprofWLs []string, prog *progress) func(ctx context.Context, sys system, wl workload, setup, clients string, pid int, d time.Duration) {
+	return func(ctx context.Context, sys system, wl workload, setup, clients string, pid int, d time.Duration) {
+		tag := fmt.Sprintf("%s-%s-%s-%s", sys.name(), wl.Key, setup, clients)
+		var wg sync.WaitGroup
+		if slices.Contains(perfWLs, wl.Key) && pid != 0 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				perfRecord(ctx, filepath.Join(out, "perf-"+tag), pid, d, prog)
+			}()
 		}
-		base := filepath.Join(out, fmt.Sprintf("perf-%s-%s-%s", sys.name(), wl.Key, setup))
-		cctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
-		defer cancel()
-		rec := exec.CommandContext(cctx, "perf", "record", "-F", "499", "-g", "-p", fmt.Sprint(pid), "-o", base+".data",
-			"--", "sleep", fmt.Sprintf("%.1f", d.Seconds()))
-		if b, err := rec.CombinedOutput(); err != nil {
-			prog.note("perf record: %v %s", err, b)
-			return
-		}
-		// perf record ended with the window, so the report's CPU is not measured.
-		{
-			rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer rcancel()
-			for _, mode := range []struct{ suffix, flags string }{
-				{"-self.txt", "--no-children"},
-				{"-children.txt", "--children"},
-			} {
-				args := append([]string{"report", "-i", base + ".data", "--stdio", "--sort", "symbol", "-g", "none", "--percent-limit", "0.5"}, strings.Fields(mode.flags)...)
-				b, err := exec.CommandContext(rctx, "perf", args...).Output()
-				if err == nil {
-					_ = os.WriteFile(base+mode.suffix, b, 0o644)
-				}
+		if slices.Contains(pprofWLs, wl.Key) {
+			if ls, ok := sys.(*lockdSystem); ok {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					lockdPprof(ctx, filepath.Join(out, "pprof-"+tag), ls, d, prog)
+				}()
 			}
+		}
+		wg.Wait()
+	}
+}
+
+// perfRecord samples pid with `perf record` for d and writes the top of
+// `perf report` (self and inclusive) as base-self.txt and base-children.txt.
+func perfRecord(ctx context.Context, base string, pid int, d time.Duration, prog *progress) {
+	cctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+	rec := exec.CommandContext(cctx, "perf", "record", "-F", "499", "-g", "-p", fmt.Sprint(pid), "-o", base+".data",
+		"--", "sleep", fmt.Sprintf("%.1f", d.Seconds()))
+	if b, err := rec.CombinedOutput(); err != nil {
+		prog.note("perf record: %v %s", err, b)
+		return
+	}
+	// perf record ended with the window, so the report's CPU is not measured.
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer rcancel()
+	for _, mode := range []struct{ suffix, flags string }{
+		{"-self.txt", "--no-children"},
+		{"-children.txt", "--children"},
+	} {
+		args := append([]string{"report", "-i", base + ".data", "--stdio", "--sort", "symbol", "-g", "none", "--percent-limit", "0.5"}, strings.Fields(mode.flags)...)
+		b, err := exec.CommandContext(rctx, "perf", args...).Output()
+		if err == nil {
+			_ = os.WriteFile(base+mode.suffix, compactPerf(b), 0o644)
+		}
+	}
+}
+
+// compactPerf drops the padding of `perf report --stdio` (its symbol column
+// is as wide as the longest symbol) and the empty IPC columns.
+func compactPerf(b []byte) []byte {
+	var out strings.Builder
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "#") {
+			if strings.HasPrefix(l, "# ....") || strings.Contains(l, "IPC") {
+				continue
+			}
+			out.WriteString(strings.TrimRight(l, " ") + "\n")
+			continue
+		}
+		f := strings.Fields(l)
+		for len(f) > 0 && f[len(f)-1] == "-" {
+			f = f[:len(f)-1]
+		}
+		if len(f) == 0 {
+			continue
+		}
+		out.WriteString(strings.Join(f, " ") + "\n")
+	}
+	return []byte(out.String())
+}
+
+// lockdPprof fetches a Go CPU profile of lockd's leader over d (the member
+// must run with --pprof) as base.pb.gz and writes `go tool pprof -top`,
+// inclusive (base-cum.txt) and by self time (base-flat.txt).
+func lockdPprof(ctx context.Context, base string, ls *lockdSystem, d time.Duration, prog *progress) {
+	l, err := ls.c.leader(ctx)
+	if err != nil {
+		prog.note("pprof: %v", err)
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", l.httpURL, max(int(d.Round(time.Second).Seconds()), 1))
+	req, _ := http.NewRequestWithContext(cctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		prog.note("pprof: %v", err)
+		return
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		prog.note("pprof: %s: %v %s (is lockd running with --pprof?)", resp.Status, err, b)
+		return
+	}
+	if err := os.WriteFile(base+".pb.gz", b, 0o644); err != nil {
+		prog.note("pprof: %v", err)
+		return
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer rcancel()
+	for _, mode := range []struct{ suffix, flag string }{{"-cum.txt", "-cum"}, {"-flat.txt", "-flat"}} {
+		out, err := exec.CommandContext(rctx, "go", "tool", "pprof", "-top", mode.flag, "-nodecount", "120", base+".pb.gz").Output()
+		if err == nil {
+			_ = os.WriteFile(base+mode.suffix, out, 0o644)
 		}
 	}
 }

@@ -187,3 +187,76 @@ func TestLocalGates(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestCommitBreakdownFromMetrics(t *testing.T) {
+	parse := func(text string) []promSample {
+		var out []promSample
+		for _, l := range strings.Split(text, "\n") {
+			if s, ok := parsePromLine(l); ok {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	leader0 := parse(`# HELP x
+lockd_raft_commitTime_sum 10
+lockd_raft_commitTime_count 10
+lockd_raft_replication_appendEntries_rpc_sum{peer_id="n2"} 5
+lockd_raft_replication_appendEntries_rpc_count{peer_id="n2"} 10
+lockd_raft_replication_appendEntries_rpc_sum{peer_id="n3"} 5
+lockd_raft_replication_appendEntries_rpc_count{peer_id="n3"} 10
+lockd_propose_duration_seconds_bucket{op="acquire",outcome="ok",le="0.001"} 0
+lockd_propose_duration_seconds_bucket{op="acquire",outcome="ok",le="0.002"} 0
+lockd_propose_duration_seconds_bucket{op="acquire",outcome="ok",le="+Inf"} 0
+lockd_propose_duration_seconds_sum{op="acquire",outcome="ok"} 0
+lockd_propose_duration_seconds_count{op="acquire",outcome="ok"} 0`)
+	leader1 := parse(`lockd_raft_commitTime{quantile="0.5"} 1.5
+lockd_raft_commitTime{quantile="0.99"} NaN
+lockd_raft_commitTime_sum 30
+lockd_raft_commitTime_count 20
+lockd_raft_replication_appendEntries_rpc{peer_id="n2",quantile="0.5"} 0.4
+lockd_raft_replication_appendEntries_rpc{peer_id="n3",quantile="0.5"} 0.6
+lockd_raft_replication_appendEntries_rpc_sum{peer_id="n2"} 10
+lockd_raft_replication_appendEntries_rpc_count{peer_id="n2"} 20
+lockd_raft_replication_appendEntries_rpc_sum{peer_id="n3"} 10
+lockd_raft_replication_appendEntries_rpc_count{peer_id="n3"} 20
+lockd_propose_duration_seconds_bucket{op="acquire",outcome="ok",le="0.001"} 50
+lockd_propose_duration_seconds_bucket{op="acquire",outcome="ok",le="0.002"} 100
+lockd_propose_duration_seconds_bucket{op="acquire",outcome="ok",le="+Inf"} 100
+lockd_propose_duration_seconds_sum{op="acquire",outcome="ok"} 0.1
+lockd_propose_duration_seconds_count{op="acquire",outcome="ok"} 100`)
+	t0 := time.Unix(0, 0)
+	a := &lockdSnapshot{at: t0, leader: "n1", members: map[string][]promSample{"n1": leader0}}
+	b := &lockdSnapshot{at: t0.Add(10 * time.Second), leader: "n1", members: map[string][]promSample{"n1": leader1}}
+	bd := breakdown(a, b)
+	if bd == nil {
+		t.Fatal("no breakdown")
+	}
+	near := func(what string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-9 {
+			t.Errorf("%s = %v, want %v", what, got, want)
+		}
+	}
+	near("commit mean", bd.Commit.Mean, 2)
+	near("commit per sec", bd.Commit.PerSec, 1)
+	near("commit p50", bd.Commit.P50, 1.5)
+	near("commit p99 (NaN skipped)", bd.Commit.P99, 0)
+	near("AE mean", bd.AppendEntriesRTT.Mean, 0.5)
+	near("AE p50 (mean of peers)", bd.AppendEntriesRTT.P50, 0.5)
+	near("propose acquire mean", bd.ProposeAcquire.Mean, 1)
+	near("propose acquire p50", bd.ProposeAcquire.P50, 1)
+	near("propose acquire p99", bd.ProposeAcquire.P99, 1.98)
+	b.leader = "n2"
+	if breakdown(a, b) != nil {
+		t.Error("a breakdown across a leader change")
+	}
+}
+
+func TestCompactPerf(t *testing.T) {
+	in := "# Samples: 3K of event 'cpu-clock:ppp'\n# Children      Self  Symbol          IPC   [IPC Coverage]\n# ........  ........  .........\n#\n    74.31%     0.00%  [.] runtime.goexit.abi0                 -      -            \n\n"
+	want := "# Samples: 3K of event 'cpu-clock:ppp'\n#\n74.31% 0.00% [.] runtime.goexit.abi0\n"
+	if got := string(compactPerf([]byte(in))); got != want {
+		t.Errorf("compactPerf = %q, want %q", got, want)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -223,4 +224,41 @@ func machineBusy() float64 {
 		busy += n
 	}
 	return float64(busy) / clockTicks
+}
+
+// procCounters reads pid's read- and write-family system calls (syscr,
+// syscw of /proc/<pid>/io, the whole process) and its context switches,
+// voluntary and not, summed over its threads; ok is false when it cannot.
+func procCounters(pid int) (reads, writes, ctxsw int64, ok bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0, 0, false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, found := strings.Cut(l, ":")
+		if !found {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		switch k {
+		case "syscr":
+			reads = n
+		case "syscw":
+			writes = n
+		}
+	}
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, found := strings.Cut(l, ":"); found && (k == "voluntary_ctxt_switches" || k == "nonvoluntary_ctxt_switches") {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				ctxsw += n
+			}
+		}
+	}
+	return reads, writes, ctxsw, true
 }

@@ -48,10 +48,18 @@ type aggResult struct {
 	CommandsPerEntry float64 `json:"commands_per_raft_entry,omitempty"`
 	EntriesPerStore  float64 `json:"raft_entries_per_store,omitempty"`
 	StoresPerSec     float64 `json:"raft_stores_per_sec,omitempty"`
+	// Breakdown: lockd's commit latency by stage, averaged over the rounds
+	// that had one.
+	Breakdown *commitBreakdown `json:"commit_breakdown,omitempty"`
+	// The leader's system calls and context switches per cycle (/proc).
+	LeaderReadsPerCycle  float64 `json:"leader_read_syscalls_per_cycle,omitempty"`
+	LeaderWritesPerCycle float64 `json:"leader_write_syscalls_per_cycle,omitempty"`
+	LeaderCtxSwPerCycle  float64 `json:"leader_context_switches_per_cycle,omitempty"`
 
-	leaderCPU, clientCPU, otherCPU float64
-	gcRuns                         int
-	acqH, relH                     *hdr.Histogram
+	leaderReads, leaderWrites, leaderCtxSw int64
+	leaderCPU, clientCPU, otherCPU         float64
+	gcRuns, bdRuns                         int
+	acqH, relH                             *hdr.Histogram
 }
 
 // ratio compares one lockd system with its best peer on one workload, in
@@ -157,6 +165,16 @@ func aggregate(runs []*runResult) []*aggResult {
 			a.EntriesPerStore += r.EntriesPerStore
 			a.StoresPerSec += r.StoresPerSec
 		}
+		if r.Breakdown != nil {
+			if a.Breakdown == nil {
+				a.Breakdown = &commitBreakdown{}
+			}
+			a.Breakdown.add(r.Breakdown, 1)
+			a.bdRuns++
+		}
+		a.leaderReads += r.LeaderReads
+		a.leaderWrites += r.LeaderWrites
+		a.leaderCtxSw += r.LeaderCtxSw
 		a.Errors += r.Errors
 		if r.acqH != nil {
 			a.acqH.Merge(r.acqH)
@@ -171,9 +189,16 @@ func aggregate(runs []*runResult) []*aggResult {
 			k := float64(a.gcRuns)
 			a.CommandsPerEntry, a.EntriesPerStore, a.StoresPerSec = a.CommandsPerEntry/k, a.EntriesPerStore/k, a.StoresPerSec/k
 		}
+		if a.bdRuns > 1 {
+			var m commitBreakdown
+			m.add(a.Breakdown, 1/float64(a.bdRuns))
+			a.Breakdown = &m
+		}
 		if a.Cycles > 0 {
 			k := 1000 / float64(a.Cycles)
 			a.CPUPer1k, a.LeaderCPUPer1k, a.ClientCPUPer1k = a.ServerCPU*k, a.leaderCPU*k, a.clientCPU*k
+			c := float64(a.Cycles)
+			a.LeaderReadsPerCycle, a.LeaderWritesPerCycle, a.LeaderCtxSwPerCycle = float64(a.leaderReads)/c, float64(a.leaderWrites)/c, float64(a.leaderCtxSw)/c
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool {
@@ -366,6 +391,8 @@ func writeMarkdown(w io.Writer, rep *report, wls []workload) {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "lockd group commit on the leader (from its /metrics): "+strings.Join(gc, "; ")+".")
 	}
+	writeBreakdown(w, rep)
+	writeSyscalls(w, rep)
 	if len(rep.Ratios) == 0 {
 		return
 	}

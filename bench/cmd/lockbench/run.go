@@ -80,6 +80,14 @@ type runResult struct {
 	CommandsPerEntry float64 `json:"commands_per_raft_entry,omitempty"`
 	EntriesPerStore  float64 `json:"raft_entries_per_store,omitempty"`
 	StoresPerSec     float64 `json:"raft_stores_per_sec,omitempty"`
+	// Breakdown: lockd only, the commit latency stage by stage over the
+	// window, from every member's /metrics (nil when the leader changed).
+	Breakdown *commitBreakdown `json:"commit_breakdown,omitempty"`
+	// The leader's read- and write-family system calls and context
+	// switches (all threads) inside the window, from /proc.
+	LeaderReads  int64 `json:"leader_read_syscalls"`
+	LeaderWrites int64 `json:"leader_write_syscalls"`
+	LeaderCtxSw  int64 `json:"leader_context_switches"`
 
 	acqH, relH *hdr.Histogram
 }
@@ -96,7 +104,7 @@ type runOpts struct {
 	opTimeout        time.Duration
 	prog             *progress
 	// hook, if set, runs with the leader's pid over the measured window.
-	hook func(ctx context.Context, sys system, wl workload, setup string, leaderPID int, d time.Duration)
+	hook func(ctx context.Context, sys system, wl workload, setup, clients string, leaderPID int, d time.Duration)
 }
 
 type lockerStats struct {
@@ -211,19 +219,21 @@ func runOne(ctx context.Context, sys system, wl workload, setup, clients string,
 	// window to answer under load, and a reading after it would measure
 	// nothing.
 	cpu0, lcpu0, scpu0, m0 = sumCPU(pids), sumCPU([]int{leader}), sumCPU([]int{self}), machineBusy()
-	lm0 := lockdLeaderMetrics(ctx, sys)
+	rd0, wr0, cs0, pcOK0 := procCounters(leader)
+	lm0 := snapshotLockd(ctx, sys)
 	hookDone := make(chan struct{})
 	if o.hook != nil {
 		go func() {
 			defer close(hookDone)
-			o.hook(ctx, sys, wl, setup, leader, o.duration)
+			o.hook(ctx, sys, wl, setup, clients, leader, o.duration)
 		}()
 	} else {
 		close(hookDone)
 	}
 	sleepUntil(ctx, end)
 	cpu1, lcpu1, scpu1, m1 = sumCPU(pids), sumCPU([]int{leader}), sumCPU([]int{self}), machineBusy()
-	lm1 := lockdLeaderMetrics(ctx, sys)
+	rd1, wr1, cs1, pcOK1 := procCounters(leader)
+	lm1 := snapshotLockd(ctx, sys)
 	wg.Wait()
 	<-hookDone
 	o.prog.endRun()
@@ -245,46 +255,13 @@ func runOne(ctx context.Context, sys system, wl workload, setup, clients string,
 			r.FirstError = st.firstErr.Error()
 		}
 	}
-	if lm0 != nil && lm1 != nil {
-		d := func(k string) float64 { return lm1[k] - lm0[k] }
-		if n := d("lockd_raft_entry_commands_count"); n > 0 {
-			r.CommandsPerEntry = d("lockd_raft_entry_commands_sum") / n
-		}
-		if n := d("lockd_raft_boltdb_logsPerBatch_count"); n > 0 {
-			r.EntriesPerStore = d("lockd_raft_boltdb_logsPerBatch_sum") / n
-			r.StoresPerSec = n / o.duration.Seconds()
-		} else if n := d("lockd_raft_wal_log_appends"); n > 0 { // --log-store wal
-			r.EntriesPerStore = d("lockd_raft_wal_log_entries_written") / n
-			r.StoresPerSec = n / o.duration.Seconds()
-		}
+	r.CommandsPerEntry, r.EntriesPerStore, r.StoresPerSec = groupCommit(lm0, lm1, o.duration.Seconds())
+	r.Breakdown = breakdown(lm0, lm1)
+	if pcOK0 && pcOK1 && leader != 0 {
+		r.LeaderReads, r.LeaderWrites, r.LeaderCtxSw = rd1-rd0, wr1-wr0, cs1-cs0
 	}
 	r.finish()
 	return r, ctx.Err()
-}
-
-// lockdLeaderMetrics reads the counters of group commit from the lockd
-// leader's /metrics (nil for other systems or when it cannot).
-func lockdLeaderMetrics(ctx context.Context, sys system) map[string]float64 {
-	var ls *lockdSystem
-	switch s := sys.(type) {
-	case *lockdSystem:
-		ls = s
-	case *lockdHTTPSystem:
-		ls = &s.lockdSystem
-	default:
-		return nil
-	}
-	l, err := ls.c.leader(ctx)
-	if err != nil {
-		return nil
-	}
-	out := map[string]float64{}
-	for _, k := range []string{"lockd_raft_entry_commands_sum", "lockd_raft_entry_commands_count",
-		"lockd_raft_boltdb_logsPerBatch_sum", "lockd_raft_boltdb_logsPerBatch_count",
-		"lockd_raft_wal_log_appends", "lockd_raft_wal_log_entries_written"} {
-		out[k] = metricValue(ctx, l.httpURL, k)
-	}
-	return out
 }
 
 func (r *runResult) finish() {
