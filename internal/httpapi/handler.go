@@ -180,6 +180,7 @@ func New(cfg Config) *Handler {
 	rt.handle("POST", "/api/v1/snapshot/restore", h.restore).ownBody = true
 	rt.handle("GET", "/healthz", h.healthz)
 	rt.handle("GET", "/readyz", h.readyz)
+	rt.handle("GET", "/api/v1/openapi.json", h.openapiDocument) // api/openapi: the API reference
 	if cfg.Metrics != nil {
 		rt.handle("GET", "/metrics", cfg.Metrics.ServeHTTP)
 	}
