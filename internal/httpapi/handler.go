@@ -457,8 +457,7 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 			if res.Code == locktable.CodeLockHeld {
 				code, msg := errorCode(e)
 				outcome = code
-				writeJSON(w, 409, api.AcquireReply{Acquired: false, Holder: res.Holder,
-					Error: &api.Error{Code: code, Message: msg}})
+				writeJSON(w, 409, lockHeldReply{Holder: res.Holder, Error: &api.Error{Code: code, Message: msg}})
 				return
 			}
 			reject(e)
@@ -483,7 +482,7 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			outcome = api.CodeLockHeld
-			writeJSON(w, 409, api.AcquireReply{Acquired: false, Holder: li.ClientID,
+			writeJSON(w, 409, lockHeldReply{Holder: li.ClientID,
 				Error: &api.Error{Code: api.CodeLockHeld, Message: "lock " + name + " is held by " + li.ClientID +
 					"; the earlier wait of this client keeps its place in the queue"}})
 			return

@@ -136,8 +136,7 @@ func (h *Handler) acquireMany(w http.ResponseWriter, r *http.Request) {
 			e := stateError(res.Code, res.Lock, res.Holder)
 			code, msg := errorCode(e)
 			outcome = code
-			writeJSON(w, 409, api.AcquireReply{Acquired: false, Lock: res.Lock, Holder: res.Holder,
-				Error: &api.Error{Code: code, Message: msg}})
+			writeJSON(w, 409, lockHeldReply{Lock: res.Lock, Holder: res.Holder, Error: &api.Error{Code: code, Message: msg}})
 			return
 		case res.Code != locktable.OK:
 			closeSub(sub)
@@ -153,7 +152,7 @@ func (h *Handler) acquireMany(w http.ResponseWriter, r *http.Request) {
 			// waits: that wait keeps its place and answers for itself.
 			closeSub(sub)
 			outcome = api.CodeLockHeld
-			writeJSON(w, 409, api.AcquireReply{Acquired: false, Lock: names[0],
+			writeJSON(w, 409, lockHeldReply{Lock: names[0],
 				Error: &api.Error{Code: api.CodeLockHeld, Message: "locks " + strings.Join(names, ", ") +
 					" are not free; the earlier wait of this client keeps its place in their queues"}})
 			return
@@ -166,6 +165,16 @@ func (h *Handler) acquireMany(w http.ResponseWriter, r *http.Request) {
 		}
 		cmd.WaitMs = max(time.Until(deadline).Milliseconds(), 1)
 	}
+}
+
+// lockHeldReply is a 409 lock_held reply: unlike api.AcquireReply it
+// always carries holder, "" when the lock is free but not for a newcomer
+// (SPEC "Tries and queues"), and lock for a multi-acquire.
+type lockHeldReply struct {
+	Acquired bool       `json:"acquired"`
+	Lock     string     `json:"lock,omitempty"`
+	Holder   string     `json:"holder"`
+	Error    *api.Error `json:"error"`
 }
 
 // validMultiAcquire checks a multi-acquire and returns its names in name

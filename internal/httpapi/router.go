@@ -176,12 +176,6 @@ func (x *route) allow() string {
 	return strings.Join(ms, ", ")
 }
 
-// notServed answers a method the SPEC defines on a known path that this
-// build does not serve yet. It is registered so that the path is known
-// (a wrong method is 405 naming it) and its body limit holds.
-func notServed(w http.ResponseWriter, r *http.Request) {
-	writeError(w, &apiError{code: api.CodeNotFound, msg: r.Method + " " + r.URL.Path + " is not served by this version of lockd"})
-}
 
 // sameSite refuses a state-changing request a web page could make from
 // another site (CSRF): lockd's default member listens on 127.0.0.1 without

@@ -11,6 +11,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/locktable"
 )
 
 type wsClient struct {
@@ -181,6 +182,17 @@ func TestWebSocketOldWaitDoesNotAnswerNewAcquire(t *testing.T) {
 	b.send(`{"id":3,"op":"keepalive"}`)
 	if m := b.recv(); m.ID != 3 {
 		t.Fatalf("want the keepalive reply while queued, got %+v", m)
+	}
+	// Requests are served concurrently: the keepalive's reply does not mean
+	// the acquire is queued yet. Wait until it is, or the hook below would
+	// time out a wait that does not exist and catch the first acquire.
+	for queued := false; !queued; {
+		f.View(func(tb *locktable.Table) {
+			for _, w := range tb.Waiters("l") {
+				queued = queued || w.ClientID == "B"
+			}
+		})
+		time.Sleep(time.Millisecond)
 	}
 	// B's retry races the first wait's timeout, which commits first.
 	f.timeoutBeforeRetry("l", "B")
