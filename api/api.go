@@ -313,6 +313,10 @@ type NodeStatus struct {
 	CommitIndex  uint64 `json:"commit_index"`
 	AppliedIndex uint64 `json:"applied_index"`
 	LastToken    uint64 `json:"last_token"`
+	// LogStore is the member's Raft log store ("wal" or "bolt"); Version
+	// the lockd build's version.
+	LogStore string `json:"log_store"`
+	Version  string `json:"version"`
 }
 
 // Header names.

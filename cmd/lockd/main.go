@@ -137,6 +137,7 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 
+	cfg.Version = version
 	cfg.Registry = prometheus.NewRegistry()
 	if err := bridgeRaftMetrics(cfg.Registry); err != nil {
 		logger.Warn("raft metrics will not be exported", "err", err)

@@ -279,7 +279,11 @@ func (s *Server) TransferLeadership(ctx context.Context, to string) error {
 func (s *Server) Status() api.NodeStatus {
 	id, _ := s.node.Leader()
 	st := api.NodeStatus{ID: s.cfg.ID, State: s.node.State(), LeaderID: id, Term: s.node.Term(),
-		CommitIndex: s.node.CommitIndex(), AppliedIndex: s.node.AppliedIndex()}
+		CommitIndex: s.node.CommitIndex(), AppliedIndex: s.node.AppliedIndex(),
+		LogStore: s.node.LogStore(), Version: s.cfg.Version}
+	if st.Version == "" {
+		st.Version = "dev"
+	}
 	s.node.View(func(t *locktable.Table) { st.LastToken = t.LastToken() })
 	return st
 }

@@ -53,6 +53,8 @@ type Config struct {
 	Logger       *slog.Logger
 	RaftLogLevel string
 	Registry     *prometheus.Registry
+	// Version is the build's version, reported by /api/v1/status.
+	Version string
 	// Signer makes the fencing proof sent with every grant; nil sends none.
 	// Its proof covers the grant's mode: a shared grant's proof cannot
 	// write through a fence.
