@@ -281,7 +281,7 @@ func (h *hub) run() {
 	// reflected it already (a change's index is its entry's; the read saw
 	// every change up to the table's LastChange).
 	var changes, skipped int
-	note := func(c notify.Change) {
+	note := func(c *notify.Change) {
 		changes++
 		if c.Index != 0 && c.Index <= v.locks.lastChange {
 			skipped++
@@ -313,7 +313,7 @@ func (h *hub) run() {
 		// wake this goroutine at every change. They are taken after the
 		// read (should the buffer fill meanwhile, the watch asks for a
 		// resync, which costs one read within the budget).
-		var changed <-chan notify.Change
+		var changed <-chan *notify.Change
 		if !dirty {
 			changed = w.C()
 		}
