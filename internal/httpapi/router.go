@@ -176,7 +176,6 @@ func (x *route) allow() string {
 	return strings.Join(ms, ", ")
 }
 
-
 // sameSite refuses a state-changing request a web page could make from
 // another site (CSRF): lockd's default member listens on 127.0.0.1 without
 // authentication, so any page its operator visits could otherwise post to
