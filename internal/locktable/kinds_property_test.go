@@ -194,6 +194,7 @@ type kHolder struct {
 	ttl, expiresAt  int64
 	delay           int64
 	value           string
+	grantedAt       int64
 }
 
 type kWaiter struct {
@@ -406,18 +407,23 @@ func (m *kModel) predictMulti(c lt.Command) outcome {
 		}
 	}
 	var held []uint64
-	var mode lt.Mode
+	oneStep := true // the grants are one multi-acquire's of this mode
+	var prev *kHolder
 	for _, n := range c.Locks {
 		if l := m.locks[n]; l.holder(c.ClientID) >= 0 {
-			h := l.holders[l.holder(c.ClientID)]
-			if len(held) == 0 {
-				mode = h.mode // the result names the first grant's mode
+			h := &l.holders[l.holder(c.ClientID)]
+			if h.mode != c.Mode || (prev != nil && (h.token != prev.token+1 || h.grantedAt != prev.grantedAt)) {
+				oneStep = false
 			}
+			prev = h
 			held = append(held, h.token)
 		}
 	}
+	if len(held) == len(c.Locks) && !oneStep {
+		return refused(lt.CodeLockHeld, c.Locks[0], c.ClientID)
+	}
 	if len(held) == len(c.Locks) {
-		return outcome{granted: true, mode: mode, grants: held, events: len(c.Locks), position: -1}
+		return outcome{granted: true, mode: c.Mode, grants: held, events: len(c.Locks), position: -1}
 	}
 	for _, n := range c.Locks {
 		if len(held) > 0 && m.locks[n].holder(c.ClientID) >= 0 {
@@ -710,7 +716,7 @@ func (m *kModel) fold(s *kStep, ev lt.Event) error {
 				w.ttl != ev.TTLms || w.value != ev.Value:
 				return fmt.Errorf("grant does not match the waiter %+v", w)
 			}
-			h = kHolder{client: w.client, session: w.session, mode: w.mode, ttl: w.ttl, delay: w.delay, value: w.value}
+			h = kHolder{client: w.client, session: w.session, mode: w.mode, ttl: w.ttl, delay: w.delay, value: w.value, grantedAt: now}
 			l.queue = l.queue[1:]
 		} else {
 			if !covers(c, ev.ClientID, ev.Lock) {
@@ -724,7 +730,7 @@ func (m *kModel) fold(s *kStep, ev lt.Event) error {
 				return fmt.Errorf("grant does not match the acquire")
 			}
 			l = m.newcomerLock(c, ev.Lock)
-			h = kHolder{client: c.ClientID, session: c.SessionID, mode: c.Mode, ttl: c.TTLms, delay: c.DelayMs, value: c.Value}
+			h = kHolder{client: c.ClientID, session: c.SessionID, mode: c.Mode, ttl: c.TTLms, delay: c.DelayMs, value: c.Value, grantedAt: now}
 		}
 		switch {
 		case l.delayedUntil != 0:
@@ -888,7 +894,7 @@ func (m *kModel) agree(tb *lt.Table, u universe) error {
 		var hs []kHolder
 		for _, h := range li.Holders {
 			hs = append(hs, kHolder{client: h.ClientID, session: h.SessionID, token: h.Token, mode: h.Mode,
-				ttl: h.TTLms, expiresAt: h.ExpiresAt, delay: h.DelayMs, value: h.Value})
+				ttl: h.TTLms, expiresAt: h.ExpiresAt, delay: h.DelayMs, value: h.Value, grantedAt: h.GrantedAt})
 		}
 		var ws []kWaiter
 		for _, w := range tb.Waiters(n) {

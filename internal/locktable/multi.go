@@ -41,6 +41,13 @@ func (t *Table) acquireMany(c Command, r *Result) {
 			held++
 		}
 	}
+	if held == len(locks) && !oneMultiGrant(locks, c.ClientID, c.Mode) {
+		// The client holds every lock, but through grants of its own, not
+		// one multi-acquire's: returning them would pass off grants of
+		// different steps (or modes) as one all-or-nothing grant.
+		r.Code, r.Lock, r.Holder = CodeLockHeld, c.Locks[0], c.ClientID
+		return
+	}
 	if held == len(locks) {
 		for _, l := range locks {
 			h := l.Holders[l.holderOf(c.ClientID)]
@@ -135,6 +142,21 @@ func (t *Table) acquireMany(c Command, r *Result) {
 			r.Grants = append(r.Grants, Grant{Lock: n, Token: h.Token, ExpiresAt: h.ExpiresAt, Mode: h.Mode})
 		}
 	}
+}
+
+// oneMultiGrant reports whether client's grants of locks (in name order)
+// came from one multi-acquire of mode m: made in one step, so their tokens
+// are consecutive in name order and their grant times equal.
+func oneMultiGrant(locks []*Lock, client string, m Mode) bool {
+	var prev *Holder
+	for _, l := range locks {
+		h := l.Holders[l.holderOf(client)]
+		if h.Mode != m || (prev != nil && (h.Token != prev.Token+1 || h.GrantedAt != prev.GrantedAt)) {
+			return false
+		}
+		prev = h
+	}
+	return true
 }
 
 // validLockSet: MinMultiLocks..MaxMultiLocks valid names in strictly rising
