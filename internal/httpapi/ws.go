@@ -544,8 +544,16 @@ func (wc *wsConn) acquireMany(req api.WSRequest) error {
 	if res.Code == locktable.CodeLockHeld {
 		e := stateError(res.Code, res.Lock, res.Holder)
 		code, msg := errorCode(e)
-		wc.send(api.WSMessage{ID: req.ID, Type: api.TypeError, Lock: res.Lock, Holder: res.Holder,
-			Error: &api.Error{Code: code, Message: msg}})
+		// As over HTTP, holder is always there ("" for a lock that is free
+		// but not for a newcomer).
+		b, _ := json.Marshal(struct {
+			ID     uint64     `json:"id"`
+			Type   string     `json:"type"`
+			Lock   string     `json:"lock"`
+			Holder string     `json:"holder"`
+			Error  *api.Error `json:"error"`
+		}{req.ID, api.TypeError, res.Lock, res.Holder, &api.Error{Code: code, Message: msg}})
+		wc.w.send(b)
 		return nil
 	}
 	lock := res.Lock
