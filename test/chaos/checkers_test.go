@@ -59,13 +59,28 @@ type Report struct {
 	RevokedTokens      int // grants they ended
 	RevokedRefused     int // releases of revoked grants answered not_holder
 	RevokeTold         int // revoked WebSocket grants checked for their lost push
-	LinPartitions      int
-	LinOps             int
-	LinResult          porcupine.CheckResult
-	LinTime            time.Duration
-	LinInfo            porcupine.LinearizationInfo
-	linModel           porcupine.Model
-	linVisual          bool
+	// Elections and watches (elect_checkers_test.go).
+	ElectGrants      int // election grants acknowledged (checked by two-leaders)
+	LeadersObserved  int // distinct leaders (election, token) the observers saw
+	LeaderPairs      int // successive observations of one observer compared (leader-order)
+	ValuesChecked    int // leaders' values shown by a status, traced to the leader's own acquire or proclaim
+	ValuesOrdered    int // of them, linearizable reads checked against the leader's acknowledged proclaims
+	Watches          int // watches started (raw WebSocket and Go client)
+	WatchFrames      int // changed frames and Go-client watch events
+	WatchResyncs     int
+	WatchStateGroups int // (lock, index) pairs shown by two or more statuses, compared
+	WatchGapPairs    int // successive frames of one watch checked for a skipped change
+	WatchTokens      int // holder tokens in frames traced to an acquire by their client
+	FinalChecked     int // (watch, lock) pairs whose last frame was compared with the final replicated state
+	FinalSkipped     int // of them, locks that changed after the final state was read
+	BlockingChecked  int // blocking queries checked for an early, late or missing answer
+	LinPartitions    int
+	LinOps           int
+	LinResult        porcupine.CheckResult
+	LinTime          time.Duration
+	LinInfo          porcupine.LinearizationInfo
+	linModel         porcupine.Model
+	linVisual        bool
 }
 
 // CheckOptions tune the checkers.
@@ -212,6 +227,16 @@ func grants(h History, v *violations) map[uint64]*grant {
 					g.Mode = sh.Mode
 				}
 			}
+		case (op.Kind == KindChanged || op.Kind == KindFinal) && op.Outcome == Ok:
+			// A watcher (or the final state) shows a committed status by
+			// the time it was read: the grant existed by then.
+			for _, sh := range op.holders() {
+				g := get(op, op.Lock, sh.Client, sh.Token)
+				g.FirstSeen = min(g.FirstSeen, op.Return)
+				if g.Mode == "" {
+					g.Mode = sh.Mode
+				}
+			}
 		}
 	}
 	// SPEC: an acquire by the current holder returns the current grant. So
@@ -290,6 +315,7 @@ func Check(h History, opts CheckOptions) *Report {
 	checkKeepalives(h, r, v)
 	checkMembers(h, r, v)
 	checkKindsLiveness(h, gs, r, v)
+	checkElections(fwd, r, v)
 	r.Violations, r.Counts = v.list, v.count
 	return r
 }
@@ -342,6 +368,9 @@ func checkMutualExclusion(h History, gs map[uint64]*grant, r *Report, v *violati
 			continue // several holders may be right: checkKinds
 		}
 		r.Grants++
+		if isElect(g.Lock) {
+			r.ElectGrants++
+		}
 		end := min(g.ReleaseSent, g.ExpiryLB)
 		if end <= g.FirstReply {
 			continue
@@ -352,10 +381,14 @@ func checkMutualExclusion(h History, gs map[uint64]*grant, r *Report, v *violati
 	for _, ivs := range byLock {
 		sort.Slice(ivs, func(i, j int) bool { return ivs[i].start < ivs[j].start })
 		var widest *iv
+		checker := "mutual-exclusion"
+		if isElect(ivs[0].g.Lock) {
+			checker = "two-leaders" // an election: two leaders acknowledged at once
+		}
 		for i := range ivs {
 			cur := &ivs[i]
 			if widest != nil && cur.start < widest.end {
-				v.add("mutual-exclusion", []int{widest.g.op(), cur.g.op()},
+				v.add(checker, []int{widest.g.op(), cur.g.op()},
 					"%s safe in [%s, %s] overlaps %s safe in [%s, %s]", widest.g, ms(widest.start), ms(widest.end),
 					cur.g, ms(cur.start), ms(cur.end))
 			}

@@ -49,6 +49,29 @@ const (
 	// workload (Invoke: when the client saw it end): pushes for its
 	// session stop there.
 	KindWSClosed OpKind = "ws-closed"
+	// KindValue sets a held grant's value (POST /api/v1/locks/{name}/value,
+	// the WebSocket op "value", or the Go client's Proclaim): Token names
+	// the grant, Value the value sent.
+	KindValue OpKind = "value"
+	// KindWatch is a WebSocket watch request (Lock, or Prefix), answered
+	// with WatchID; KindUnwatch ends one (also recorded, with Tag "stop",
+	// for every watch still running when the observers stop: its last
+	// frames are then what it ended with).
+	KindWatch   OpKind = "watch"
+	KindUnwatch OpKind = "unwatch"
+	// KindChanged is one changed frame a watcher received (Invoke = Return
+	// = when it was read): WatchID, Lock, Index, and the status in the
+	// read fields (Held, Holder, OutToken, Waiters, Holders, Value, ...).
+	// A Go-client watch event is one too (Resync when it was read again);
+	// an Election.Observe event carries only the leader (Tag "observe").
+	KindChanged OpKind = "changed"
+	// KindResync is a resync frame (WatchID): changes were dropped, the
+	// watcher re-reads.
+	KindResync OpKind = "resync"
+	// KindFinal is a lock's status in the replicated state after the run
+	// quiesced: every member agreed on it at one applied index (Index: the
+	// lock's; absent locks were free).
+	KindFinal OpKind = "final"
 )
 
 // Outcome is what the client learned.
@@ -138,6 +161,23 @@ type Op struct {
 	// snapshot of the whole table at one log index, in which a lock that
 	// is not listed is free.
 	Snap int64 `json:"snap,omitempty"`
+
+	// Values, elections and watches (SPEC "Lock kinds, values, elections
+	// and watches"). Value: the value an acquire or a value op sent, or a
+	// status's value (read, changed, final). Index: a status's index (the
+	// log index of the lock's last change; a frame's index); StatusIndex a
+	// changed frame's status.index, which must equal it. BlockIndex: a
+	// blocking read's ?index=N (Tag "blocking", its ?wait= in WaitMs).
+	Value       string `json:"value,omitempty"`
+	Index       uint64 `json:"index,omitempty"`
+	StatusIndex uint64 `json:"status_index,omitempty"`
+	BlockIndex  uint64 `json:"block_index,omitempty"`
+	// WatchID: the watch a watch op started or a frame belongs to, on the
+	// connection of ClientID; Prefix: what a prefix watch follows.
+	WatchID uint64 `json:"watch_id,omitempty"`
+	Prefix  string `json:"prefix,omitempty"`
+	// Resync: a Go-client watch event read again rather than pushed.
+	Resync bool `json:"resync,omitempty"`
 }
 
 // GrantRec is one grant of a multi-acquire's reply.
@@ -154,6 +194,7 @@ type HolderRec struct {
 	Token     uint64 `json:"token"`
 	ExpiresAt int64  `json:"expires_at,omitempty"` // history time
 	Mode      string `json:"mode,omitempty"`
+	Value     string `json:"value,omitempty"`
 }
 
 // shown returns the grants a successful read shows held: every holder of
@@ -171,8 +212,41 @@ func (o Op) shown() []HolderRec {
 	return []HolderRec{{Client: o.Holder, Token: o.OutToken, ExpiresAt: o.ExpiresAt, Mode: o.Mode}}
 }
 
+// observed reports whether the op shows a lock's status: a successful
+// read, a changed frame or event, a final state.
+func (o Op) observed() bool {
+	switch o.Kind {
+	case KindRead:
+		return o.Outcome == Ok
+	case KindChanged, KindFinal:
+		return true
+	}
+	return false
+}
+
+// holders returns the grants a status the op shows lists (the holder
+// fields of a status without a holders list), with their values.
+func (o Op) holders() []HolderRec {
+	if !o.observed() {
+		return nil
+	}
+	if len(o.Holders) > 0 {
+		return o.Holders
+	}
+	if !o.Held {
+		return nil
+	}
+	return []HolderRec{{Client: o.Holder, Token: o.OutToken, ExpiresAt: o.ExpiresAt, Mode: o.Mode, Value: o.Value}}
+}
+
 func (o Op) String() string {
 	s := fmt.Sprintf("#%d %s %s %s(%s", o.ID, o.Worker, o.Via, o.Kind, o.Lock)
+	if o.Prefix != "" {
+		s += fmt.Sprintf("prefix %q", o.Prefix)
+	}
+	if o.WatchID != 0 {
+		s += fmt.Sprintf(" watch=%d", o.WatchID)
+	}
 	if o.ClientID != "" {
 		s += " client=" + o.ClientID
 	}
@@ -185,10 +259,10 @@ func (o Op) String() string {
 	if o.WaitMs != 0 {
 		s += fmt.Sprintf(" wait=%dms", o.WaitMs)
 	}
-	if o.Mode != "" && o.Kind != KindRead {
+	if o.Mode != "" && !o.observed() {
 		s += " mode=" + o.Mode
 	}
-	if o.Limit != 0 && o.Kind != KindRead {
+	if o.Limit != 0 && !o.observed() {
 		s += fmt.Sprintf(" limit=%d", o.Limit)
 	}
 	if o.DelayMs != 0 {
@@ -197,23 +271,41 @@ func (o Op) String() string {
 	if len(o.Locks) > 0 {
 		s += " locks=" + strings.Join(o.Locks, ",")
 	}
+	if o.Value != "" && (o.Kind == KindAcquire || o.Kind == KindValue) {
+		s += fmt.Sprintf(" value=%q", o.Value)
+	}
+	if o.Tag == "blocking" {
+		s += fmt.Sprintf(" index=%d", o.BlockIndex)
+	}
 	s += fmt.Sprintf(") [%s, %s] → %s", ms(o.Invoke), ms(o.Return), o.Outcome)
 	if o.Code != "" {
 		s += " " + o.Code
 	}
+	if o.observed() && o.Index != 0 {
+		s += fmt.Sprintf(" at index %d", o.Index)
+		if o.Kind == KindChanged && o.StatusIndex != o.Index {
+			s += fmt.Sprintf(" (status index %d)", o.StatusIndex)
+		}
+		if o.Resync {
+			s += " (resync)"
+		}
+	}
 	switch {
-	case o.Kind == KindRead && o.Outcome == Ok && len(o.Holders) > 0:
+	case o.observed() && len(o.Holders) > 0:
 		hs := make([]string, len(o.Holders))
 		for i, h := range o.Holders {
 			hs[i] = fmt.Sprintf("%s/%d/%s", h.Client, h.Token, h.Mode)
+			if h.Value != "" {
+				hs[i] += fmt.Sprintf("/%q", h.Value)
+			}
 			if h.ExpiresAt != 0 {
 				hs[i] += "/exp " + ms(h.ExpiresAt)
 			}
 		}
 		s += fmt.Sprintf(" held (%s, limit %d) by [%s] waiters %d", o.Mode, o.Limit, strings.Join(hs, " "), o.Waiters)
-	case o.Kind == KindRead && o.Outcome == Ok && o.Held:
+	case o.observed() && o.Held:
 		s += fmt.Sprintf(" held by %s token %d waiters %d", o.Holder, o.OutToken, o.Waiters)
-	case o.Kind == KindRead && o.Outcome == Ok:
+	case o.observed():
 		s += fmt.Sprintf(" free waiters %d", o.Waiters)
 	case o.OutToken != 0:
 		s += fmt.Sprintf(" token %d", o.OutToken)
@@ -231,6 +323,9 @@ func (o Op) String() string {
 	if o.Kind == KindRevoke && o.Outcome == Ok {
 		s += fmt.Sprintf(" revoked %v", o.Revoked)
 	}
+	if o.observed() && o.Value != "" {
+		s += fmt.Sprintf(" value %q", o.Value)
+	}
 	if o.DelayedUntil != 0 {
 		s += " delayed_until " + ms(o.DelayedUntil)
 	}
@@ -240,7 +335,7 @@ func (o Op) String() string {
 	if o.Node != "" {
 		s += " on " + o.Node
 	}
-	if o.Holder != "" && o.Kind != KindRead {
+	if o.Holder != "" && !o.observed() {
 		s += " holder " + o.Holder
 	}
 	if o.Err != "" {

@@ -45,6 +45,7 @@ type kindOpts struct {
 	Mode    string // "", "exclusive" or "shared"
 	Limit   int64  // 0: none given
 	DelayMs int64
+	Value   string // "": none given
 }
 
 func (ko kindOpts) request(cid string, ttlMs, waitMs *int64) api.AcquireRequest {
@@ -54,6 +55,10 @@ func (ko kindOpts) request(cid string, ttlMs, waitMs *int64) api.AcquireRequest 
 	}
 	if ko.DelayMs != 0 {
 		req.LockDelayMs = &ko.DelayMs
+	}
+	if ko.Value != "" {
+		v := ko.Value
+		req.Value = &v
 	}
 	return req
 }
@@ -467,6 +472,11 @@ type kwsClient struct {
 	dead   chan struct{}
 	closed bool
 	loops  sync.WaitGroup
+
+	// sid is the connection's session (from hello). onPush, when set, gets
+	// every changed and resync frame, in the order they were read.
+	sid    string
+	onPush func(m api.WSMessage, at int64)
 }
 
 const kwsSessionTTL = 10 * time.Second
@@ -478,17 +488,27 @@ func wsURL(base string) string {
 // dialKWS connects to the leader (following not_leader replies) and says
 // hello, retrying until ctx ends (nil then).
 func (w *Workload) dialKWS(ctx context.Context, worker, cid string, rng *rand.Rand) *kwsClient {
+	return w.dialKWSWith(ctx, worker, cid, rng, kwsSessionTTL, nil, true)
+}
+
+// dialKWSWith is dialKWS with the session's TTL and a push hook; a
+// tracked client is closed when the workers stop (closeKWS), the others
+// by their owner.
+func (w *Workload) dialKWSWith(ctx context.Context, worker, cid string, rng *rand.Rand, ttl time.Duration,
+	onPush func(api.WSMessage, int64), track bool) *kwsClient {
 	eps := w.opts.Endpoints
 	base := ""
 	for try := 0; ctx.Err() == nil; try++ {
 		if base == "" {
 			base = eps[rng.IntN(len(eps))]
 		}
-		c, leader := w.tryKWS(ctx, worker, cid, base)
+		c, leader := w.tryKWS(ctx, worker, cid, base, ttl, onPush)
 		if c != nil {
-			w.kmu.Lock()
-			w.kws = append(w.kws, c)
-			w.kmu.Unlock()
+			if track {
+				w.kmu.Lock()
+				w.kws = append(w.kws, c)
+				w.kmu.Unlock()
+			}
 			return c
 		}
 		base = leader
@@ -499,14 +519,15 @@ func (w *Workload) dialKWS(ctx context.Context, worker, cid string, rng *rand.Ra
 	return nil
 }
 
-func (w *Workload) tryKWS(ctx context.Context, worker, cid, base string) (*kwsClient, string) {
+func (w *Workload) tryKWS(ctx context.Context, worker, cid, base string, ttl time.Duration, onPush func(api.WSMessage, int64)) (*kwsClient, string) {
 	dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	conn, _, err := websocket.Dial(dctx, wsURL(base), nil)
 	if err != nil {
 		return nil, ""
 	}
-	ttlMs := kwsSessionTTL.Milliseconds()
+	conn.SetReadLimit(1 << 20) // a changed frame carries a whole status
+	ttlMs := ttl.Milliseconds()
 	hello, _ := json.Marshal(api.WSRequest{ID: 1, Op: api.OpHello, ClientID: cid, SessionTTLms: &ttlMs})
 	inv := w.rec.Now()
 	if err := conn.Write(dctx, websocket.MessageText, hello); err != nil {
@@ -520,9 +541,9 @@ func (w *Workload) tryKWS(ctx context.Context, worker, cid, base string) (*kwsCl
 		return nil, m.Leader
 	}
 	cctx, ccancel := context.WithCancel(context.Background())
-	c := &kwsClient{w: w, worker: worker, cid: cid, ttl: kwsSessionTTL, conn: conn, ctx: cctx, cancel: ccancel,
+	c := &kwsClient{w: w, worker: worker, cid: cid, ttl: ttl, conn: conn, ctx: cctx, cancel: ccancel,
 		next: 1, waiting: map[uint64]chan api.WSMessage{}, lost: map[uint64]string{}, avoid: map[string]int64{},
-		sessLB: inv + int64(kwsSessionTTL) - int64(clockMargin(kwsSessionTTL)), dead: make(chan struct{})}
+		sessLB: inv + int64(ttl) - int64(clockMargin(ttl)), dead: make(chan struct{}), sid: m.SessionID, onPush: onPush}
 	c.loops.Add(2)
 	go c.readLoop()
 	go c.keepaliveLoop()
@@ -576,6 +597,10 @@ func (c *kwsClient) readLoop() {
 			if ch != nil {
 				ch <- m
 			}
+		case m.Type == api.TypeChanged || m.Type == api.TypeResync:
+			if c.onPush != nil {
+				c.onPush(m, c.w.rec.Now())
+			}
 		case m.Type == api.TypeLost:
 			now := c.w.rec.Now()
 			c.w.rec.Add(Op{Worker: c.worker, Via: "ws", Kind: KindLost, Lock: m.Lock, ClientID: c.cid, Token: m.FencingToken,
@@ -596,17 +621,19 @@ func (c *kwsClient) readLoop() {
 }
 
 // keepaliveLoop keeps the session alive; each acknowledged keepalive moves
-// the moment before which the session cannot expire.
+// the moment before which the session cannot expire. It sends one every
+// fifth of the TTL and gives up on the connection when less than three
+// tenths of it are left (2 s and 3 s for the kinds workers' 10 s).
 func (c *kwsClient) keepaliveLoop() {
 	defer c.loops.Done()
 	for {
 		select {
 		case <-c.dead:
 			return
-		case <-time.After(2 * time.Second):
+		case <-time.After(c.ttl / 5):
 		}
 		inv := c.w.rec.Now()
-		m, oc, _, _ := c.request(c.ctx, api.WSRequest{Op: api.OpKeepalive}, 3*time.Second)
+		m, oc, _, _ := c.request(c.ctx, api.WSRequest{Op: api.OpKeepalive}, c.ttl*3/10)
 		switch {
 		case oc == Ok:
 			c.mu.Lock()
@@ -617,7 +644,7 @@ func (c *kwsClient) keepaliveLoop() {
 			return
 		}
 		c.mu.Lock()
-		stale := c.w.rec.Now() > c.sessLB-int64(3*time.Second)
+		stale := c.w.rec.Now() > c.sessLB-int64(c.ttl*3/10)
 		c.mu.Unlock()
 		if stale {
 			c.end("no keepalive acknowledged in time")

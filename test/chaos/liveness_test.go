@@ -23,6 +23,8 @@ var livenessCheckers = map[string]bool{
 	"member-exit":  true, // no member process dies unless the harness stops it
 	"delay-waiter": true, // after a lock-delay ends, the first waiter is granted (expires_at + delay + election timeout + 1 s)
 	"revoke-told":  true, // a revoked WebSocket holder is pushed lost (reason revoked) while its connection lives
+	"watch-live":   true, // a watcher that stays connected shows each watched lock's final state within a bound
+	"blocking":     true, // a blocking query answers when a change above its index commits, or when its wait ends
 }
 
 // electionTimeout is the members' election timeout: the grace a new leader

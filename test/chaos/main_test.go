@@ -6,9 +6,12 @@
 // (also across a forced restore), FIFO, durability of acknowledged writes,
 // the fencestore's token order, linearizability of lock operations with
 // porcupine, the lock kinds (semaphore limits, shared beside exclusive,
-// atomic multi-acquires, lock-delays, revocation) — and liveness: locks
-// expire, waiters are told, the Go client lets go in time, no member dies
-// (see README.md).
+// atomic multi-acquires, lock-delays, revocation), elections and watches
+// (one leader at a time, leaders seen in token order, values set by their
+// leaders, watches in log order with no change skipped, every status at
+// one index the same, the final state shown) — and liveness: locks
+// expire, waiters are told, the Go client lets go in time, watches and
+// blocking queries keep up, no member dies (see README.md).
 //
 //	go test ./test/chaos -run Chaos -v                         # CI: ~30 s on 3 members + ~15 s on 5
 //	go test ./test/chaos -run Chaos -v -timeout 0 -chaos.duration=10m -chaos.members=5 -chaos.seed=7

@@ -556,11 +556,19 @@ func (n *Nemesis) crashAll(ctx context.Context, f *Fault, probe *<-chan failover
 	f.Detail = fmt.Sprintf("%d durability probes", len(probes))
 }
 
+// finalState is the lock table every member agreed on at one applied
+// index.
+type finalState struct {
+	Applied uint64
+	Locks   []api.LockStatus
+}
+
 // compareReplicas waits until every member has applied the same index and
-// then compares their local lock tables (stale reads) and last tokens:
+// then compares their local lock tables (stale reads: every field of every
+// lock's status, its index and holders' values too) and last tokens:
 // replicas of one log must agree. It returns a description of a
-// difference that persisted, or "".
-func compareReplicas(c *Cluster, d time.Duration) string {
+// difference that persisted, or "" and the table they agreed on.
+func compareReplicas(c *Cluster, d time.Duration) (string, *finalState) {
 	deadline := time.Now().Add(d)
 	last := "no consistent snapshot of the members could be taken"
 	for time.Now().Before(deadline) {
@@ -568,23 +576,29 @@ func compareReplicas(c *Cluster, d time.Duration) string {
 			id    string
 			st    api.NodeStatus
 			locks string
+			list  []api.LockStatus
 		}
 		var views []view
 		ok := true
 		for _, i := range c.Members() {
 			st1, err1 := c.Status(i)
 			var list api.LockList
-			code, err := c.getJSON(context.Background(), c.slots[i].url()+"/api/v1/locks?stale=true", &list)
+			code, err := c.getJSON(context.Background(), c.slots[i].url()+"/api/v1/locks?stale=true&limit=10000", &list)
 			st2, err2 := c.Status(i)
-			if err1 != nil || err2 != nil || err != nil || code != 200 || st1.AppliedIndex != st2.AppliedIndex {
+			if err1 != nil || err2 != nil || err != nil || code != 200 || st1.AppliedIndex != st2.AppliedIndex || list.Next != "" {
 				ok = false
 				break
 			}
 			var sb strings.Builder
 			for _, l := range list.Locks {
-				fmt.Fprintf(&sb, "%s:%t:%s:%d:%s:%d;", l.Lock, l.Held, l.ClientID, l.FencingToken, l.ExpiresAt, l.Waiters)
+				fmt.Fprintf(&sb, "%s:%t:%s:%d:%s:%d:%s:%d:%q:%s:%d", l.Lock, l.Held, l.ClientID, l.FencingToken, l.ExpiresAt, l.Waiters,
+					l.Mode, l.Limit, l.Value, l.DelayedUntil, l.Index)
+				for _, h := range l.Holders {
+					fmt.Fprintf(&sb, ":[%s/%d/%s/%s/%q]", h.ClientID, h.FencingToken, h.Mode, h.ExpiresAt, h.Value)
+				}
+				sb.WriteString(";")
 			}
-			views = append(views, view{id: c.ID(i), st: st2, locks: sb.String()})
+			views = append(views, view{id: c.ID(i), st: st2, locks: sb.String(), list: list.Locks})
 		}
 		if ok && len(views) > 0 {
 			same := true
@@ -602,12 +616,12 @@ func compareReplicas(c *Cluster, d time.Duration) string {
 					}
 				}
 				if diff == "" {
-					return ""
+					return "", &finalState{Applied: views[0].st.AppliedIndex, Locks: views[0].list}
 				}
 				last = diff
 			}
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return last
+	return last, nil
 }

@@ -52,13 +52,15 @@ func TestChaos(t *testing.T) {
 			RestoreRounds: 5,
 			Workload: WorkloadOptions{HTTPWorkers: 5, ClientWorkers: 2, Readers: 2, FIFO: true, Keeper: true,
 				Hasty: 2, Cancellers: 1, Scenarios: true, Probe: true,
-				KindsHTTP: 2, KindsWS: 2, DelayRounds: true, Revoker: true}}
+				KindsHTTP: 2, KindsWS: 2, DelayRounds: true, Revoker: true,
+				ElectWS: 2, ElectHTTP: 1, ElectClient: 1, PrefixWatchers: 2, LockWatchers: 1, Blockers: 2, ClientObserver: true}}
 		t.Run(fmt.Sprintf("members=%d", members), func(t *testing.T) { runChaos(t, cfg) })
 		return
 	}
 	small := WorkloadOptions{HTTPWorkers: 3, ClientWorkers: 1, Readers: 2, FIFO: true, Keeper: true,
 		Hasty: 1, Cancellers: 1, Scenarios: true, Probe: true,
-		KindsHTTP: 1, KindsWS: 1, DelayRounds: true, Revoker: true}
+		KindsHTTP: 1, KindsWS: 1, DelayRounds: true, Revoker: true,
+		ElectWS: 1, ElectHTTP: 1, ElectClient: 1, PrefixWatchers: 1, LockWatchers: 1, Blockers: 1, ClientObserver: true}
 	t.Run("members=3", func(t *testing.T) {
 		runChaos(t, runConfig{Members: 3, Duration: 30 * time.Second, Seed: seed, Workload: small, RestoreRounds: 3,
 			Faults: faultKinds([]string{FaultKillLeader, FaultPauseLeader, FaultPartition, FaultOneWayLeader,
@@ -119,6 +121,7 @@ func runChaos(t *testing.T, cfg runConfig) {
 		wopts.LocksPerEpoch = 3
 	}
 	w := NewWorkload(rec, wopts)
+	defer w.StopObservers() // normally done below, after the final state was read
 	wctx, stopWorkload := context.WithCancel(context.Background())
 	wdone := make(chan struct{})
 	go func() {
@@ -142,15 +145,25 @@ func runChaos(t *testing.T, cfg runConfig) {
 	// Every lock a client walked away from must come free: read each once
 	// more after its expiry plus the grace.
 	w.settle(context.Background(), "", "", 12*time.Second)
+	// The elections end: every campaign over, one final leader holding.
+	w.SettleElections(context.Background(), 20*time.Second)
 	nem.RecordExits()
-	divergence := compareReplicas(cluster, 15*time.Second)
+	divergence, final := compareReplicas(cluster, 15*time.Second)
 	if divergence != "" {
 		rec.Note("replicas differ: %s", divergence)
 	}
+	// The watchers must show the replicated final state within a bound
+	// (checkWatchFinal): give them that long, then stop them.
+	w.RecordFinal(final)
+	if final != nil {
+		sleep(context.Background(), watchFinalBound)
+	}
+	w.StopObservers()
+	w.ReleaseFinal(context.Background())
 	if cfg.RestoreRounds > 0 {
 		restorePhase(t, cluster, rec, cfg.Seed, cfg.RestoreRounds, et)
 		nem.RecordExits()
-		if d := compareReplicas(cluster, 15*time.Second); d != "" && divergence == "" {
+		if d, _ := compareReplicas(cluster, 15*time.Second); d != "" && divergence == "" {
 			divergence = "after the restore phase: " + d
 			rec.Note("replicas differ: %s", divergence)
 		}
@@ -253,13 +266,14 @@ func summarize(cfg runConfig, h History, rep *Report, nem *Nemesis, c *Cluster, 
 		via[op.Via]++
 	}
 	fmt.Fprintf(&b, "operations: %d (http %d, go client %d, websocket %d, nemesis %d)\n", len(h.Ops), via["http"], via["client"], via["ws"], via["nemesis"])
-	for _, k := range []OpKind{KindAcquire, KindMulti, KindRelease, KindRenew, KindRevoke, KindRead, KindFence, KindKeepalive, KindLost,
-		KindWSClosed, KindMemberAdd, KindMemberExit, KindMemberPanic} {
+	for _, k := range []OpKind{KindAcquire, KindMulti, KindRelease, KindRenew, KindRevoke, KindValue, KindRead, KindFence, KindKeepalive, KindLost,
+		KindWatch, KindUnwatch, KindChanged, KindResync, KindFinal, KindWSClosed, KindMemberAdd, KindMemberExit, KindMemberPanic} {
 		if c := byKind[k]; c != nil {
 			fmt.Fprintf(&b, "  %-12s ok %7d  refused %7d  unknown %6d\n", k, c.ok, c.fail, c.unknown)
 		}
 	}
 	b.WriteString(kindsSummary(h, rep))
+	b.WriteString(electSummary(h, rep))
 	fmt.Fprintf(&b, "grants: %d acknowledged, %d with a non-empty safe interval checked for overlap; %d real-time token pairs ordered; %d releases acknowledged\n",
 		rep.Grants, rep.Intervals, rep.OrderedPairs, rep.ReleasesAcked)
 	fmt.Fprintf(&b, "fifo: %d rounds with waiters proven queued together, %d ordered pairs checked\n", rep.FIFORounds, rep.FIFOPairs)

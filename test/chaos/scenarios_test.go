@@ -282,9 +282,8 @@ func (w *Workload) list(ctx context.Context, ep *endpoint, worker, prefix, tag s
 				continue
 			}
 			op := Op{Worker: worker, Via: w.via, Kind: KindRead, Lock: st.Lock, Tag: tag, Invoke: inv, Return: ret,
-				Outcome: Ok, Status: r.status, Held: st.Held, Holder: st.ClientID, OutToken: st.FencingToken,
-				Waiters: st.Waiters, ExpiresAt: w.wallTime(st.ExpiresAt), Snap: snap}
-			w.fillKinds(&op, st)
+				Outcome: Ok, Status: r.status, Snap: snap}
+			w.fillStatus(&op, st, false)
 			out = append(out, w.rec.Add(op))
 		}
 		if ll.Next == "" {

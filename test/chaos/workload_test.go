@@ -47,6 +47,16 @@ type WorkloadOptions struct {
 	// and then.
 	KindsHTTP, KindsWS   int
 	DelayRounds, Revoker bool
+	// Elections and watches (elect_workload_test.go): candidates over raw
+	// WebSocket (leadership bound to the session, or to a TTL), raw HTTP
+	// (a TTL) and the Go client (Election); observers: raw WebSocket
+	// watchers of the election prefix and of single election locks, HTTP
+	// blocking queries, and a Go client (WatchPrefix, Election.Observe).
+	// Observers outlive the other workers: they stop at StopObservers,
+	// after the final state was read.
+	ElectWS, ElectHTTP, ElectClient        int
+	PrefixWatchers, LockWatchers, Blockers int
+	ClientObserver                         bool
 	// ElectionTimeout is the members' election timeout (0: lockd's
 	// default): waits that must outlast an expiry are sized with it.
 	ElectionTimeout time.Duration
@@ -80,6 +90,12 @@ type Workload struct {
 	kws     []*kwsClient
 	snapSeq atomic.Int64
 
+	// Elections and watches: the election epoch frozen when the
+	// candidates stopped (1 + epoch; 0: it follows the clock), and the
+	// observers, which run until StopObservers.
+	electFrozen atomic.Int64
+	obs         observers
+
 	// watchers record when Lost() closes for each Go-client grant;
 	// closingAt is when Run began closing the clients (history time, 0
 	// before), the moment holders stopped counting on what they held.
@@ -102,6 +118,7 @@ func NewWorkload(rec *Recorder, opts WorkloadOptions) *Workload {
 		}}}
 	w.keeperLock.Store("")
 	w.fifoLock.Store("")
+	w.obs.ctx, w.obs.cancel = context.WithCancel(context.Background())
 	return w
 }
 
@@ -163,7 +180,9 @@ func (w *Workload) Run(ctx context.Context) {
 	if w.opts.Revoker {
 		spawn(w.revoker, 1300)
 	}
+	w.startElections(ctx, spawn)
 	wg.Wait()
+	w.freezeElections()
 	w.closeKWS()
 	w.mu.Lock()
 	cs := w.clients
@@ -351,7 +370,7 @@ func (w *Workload) acquireWithin(ctx context.Context, ep *endpoint, worker, lock
 func (w *Workload) acquireKind(ctx context.Context, ep *endpoint, worker, lock, cid string, attempt int64, ttl, wait time.Duration, ko kindOpts, tag string, timeout time.Duration) Op {
 	ttlMs, waitMs := ttl.Milliseconds(), wait.Milliseconds()
 	op := Op{Worker: worker, Via: w.via, Kind: KindAcquire, Lock: lock, ClientID: cid, Attempt: attempt,
-		TTLms: ttlMs, WaitMs: waitMs, Tag: tag, Mode: ko.Mode, Limit: ko.Limit, DelayMs: ko.DelayMs, Invoke: w.rec.Now()}
+		TTLms: ttlMs, WaitMs: waitMs, Tag: tag, Mode: ko.Mode, Limit: ko.Limit, DelayMs: ko.DelayMs, Value: ko.Value, Invoke: w.rec.Now()}
 	r := w.call(ctx, ep, http.MethodPost, lockPath(lock, "acquire"), ko.request(cid, &ttlMs, &waitMs), timeout)
 	op.Return = w.rec.Now()
 	op.fill(r)
@@ -496,24 +515,27 @@ func (w *Workload) read(ctx context.Context, ep *endpoint, worker, lock, tag str
 		if err := json.Unmarshal(r.body, &st); err != nil || st.Lock != lock {
 			op.Outcome, op.Code = Unknown, "unexpected"
 		} else {
-			op.Held, op.Holder, op.OutToken, op.Waiters = st.Held, st.ClientID, st.FencingToken, st.Waiters
-			op.ExpiresAt = w.wallTime(st.ExpiresAt)
-			w.fillKinds(&op, st)
+			w.fillStatus(&op, st, false)
 		}
 	}
 	return w.rec.Add(op)
 }
 
-// fillKinds records what the status of a kinds lock says of its kind:
-// mode, limit, every holder, the end of a running lock-delay.
-func (w *Workload) fillKinds(op *Op, st api.LockStatus) {
-	if !isKind(st.Lock) {
+// fillStatus records a lock's status in op: holder, token, waiters,
+// expires_at, value and index; for a kinds or election lock (or with all)
+// also what it says of its kind: mode, limit, every holder with its
+// value, the end of a running lock-delay.
+func (w *Workload) fillStatus(op *Op, st api.LockStatus, all bool) {
+	op.Held, op.Holder, op.OutToken, op.Waiters = st.Held, st.ClientID, st.FencingToken, st.Waiters
+	op.ExpiresAt = w.wallTime(st.ExpiresAt)
+	op.Index, op.Value = st.Index, st.Value
+	if !all && !isKind(st.Lock) && !isElect(st.Lock) {
 		return
 	}
 	op.Mode, op.Limit, op.DelayedUntil = st.Mode, st.Limit, w.wallTime(st.DelayedUntil)
 	for _, x := range st.Holders {
 		op.Holders = append(op.Holders, HolderRec{Client: x.ClientID, Token: x.FencingToken,
-			ExpiresAt: w.wallTime(x.ExpiresAt), Mode: x.Mode})
+			ExpiresAt: w.wallTime(x.ExpiresAt), Mode: x.Mode, Value: x.Value})
 	}
 }
 
@@ -771,19 +793,27 @@ func (w *Workload) clientWorker(ctx context.Context, id int, rng *rand.Rand) {
 // newClient opens a Go client (a session over WebSocket), retrying until
 // ctx ends; Run closes it. nil when ctx ended first.
 func (w *Workload) newClient(ctx context.Context, id string) *client.Client {
+	return w.newClientWith(ctx, id, 10*time.Second, true)
+}
+
+// newClientWith is newClient with the session's TTL; an untracked client
+// is closed by its owner, not by Run.
+func (w *Workload) newClientWith(ctx context.Context, id string, ttl time.Duration, track bool) *client.Client {
 	for ctx.Err() == nil {
 		nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		c, err := client.New(nctx, client.Config{Endpoints: append([]string(nil), w.opts.Endpoints...),
-			ClientID: id, SessionTTL: 10 * time.Second})
+			ClientID: id, SessionTTL: ttl})
 		cancel()
 		if err == nil && ctx.Err() != nil {
 			_ = c.Close()
 			return nil
 		}
 		if err == nil {
-			w.mu.Lock()
-			w.clients = append(w.clients, c)
-			w.mu.Unlock()
+			if track {
+				w.mu.Lock()
+				w.clients = append(w.clients, c)
+				w.mu.Unlock()
+			}
 			return c
 		}
 		sleep(ctx, 200*time.Millisecond)
