@@ -199,7 +199,12 @@ func (c *Client) Acquire(ctx context.Context, name string, opts ...AcquireOption
 // TryAcquire takes lock name if it is free now; otherwise the error matches
 // ErrLockHeld. It still waits for a connection to the leader within ctx.
 // A lock that is free but has waiters (or a running lock-delay) is not
-// free: FIFO order comes first.
+// free: FIFO order comes first. A lock this Client already holds (or is
+// acquiring in another call) is not free either, as a sync.Mutex's TryLock
+// is false for its own holder: the error then also matches
+// ErrHeldByThisClient and names the token held ("lock "x" is already held
+// by this client (token 42)"). It does not hand out the existing grant a
+// second time; keep the *Lock the first call returned.
 func (c *Client) TryAcquire(ctx context.Context, name string, opts ...AcquireOption) (*Lock, error) {
 	ls, err := c.acquire(ctx, []string{name}, options(opts), true)
 	if err != nil {
@@ -294,9 +299,11 @@ func (c *Client) acquire(ctx context.Context, names []string, o acquireOptions, 
 		var busy <-chan struct{}
 		releasing := false
 		var adopt *acquireOp
+		var here *heldHereError // what a try says when busy is this client's own
 		for _, name := range names {
 			if l := c.locks[name]; l != nil {
 				busy = l.lost
+				here = &heldHereError{what: describe(names), lock: name, token: l.token}
 			} else if c.releasing[name] > 0 {
 				// The server would answer with the grant being released (same
 				// token), and the release would then end it.
@@ -306,6 +313,7 @@ func (c *Client) acquire(ctx context.Context, names []string, o acquireOptions, 
 					// Pending for a caller, or an abandoned wait of other
 					// names, which the server would not take as a retry.
 					busy = p.done
+					here = &heldHereError{what: describe(names), lock: name, pending: true}
 				} else {
 					adopt = p // an abandoned wait: adopt it, it keeps its place
 				}
@@ -334,7 +342,7 @@ func (c *Client) acquire(ctx context.Context, names []string, o acquireOptions, 
 		}
 		c.mu.Unlock()
 		if try && !releasing {
-			return nil, fmt.Errorf("%w: %s: held or awaited by this client", ErrLockHeld, describe(names))
+			return nil, here
 		}
 		select {
 		case <-busy:
@@ -353,6 +361,23 @@ func (c *Client) acquire(ctx context.Context, names []string, o acquireOptions, 
 	}
 	select {
 	case <-op.done:
+		if err := op.err; err != nil && !o.waitSet && !try && errors.Is(err, ErrWaitTimeout) && !errors.Is(err, ErrMaybeGrantedLost) {
+			// Without WithWaitTimeout the wait sent was what was left of
+			// ctx: the server's wait_timeout (or a last resend's refusal)
+			// can come a moment before ctx's own timer fires. What ended
+			// the wait is ctx, as documented.
+			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < waitSlack {
+				t := time.NewTimer(time.Until(dl) + 10*time.Millisecond)
+				defer t.Stop()
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+			}
+		}
 		return op.locks, op.err
 	case <-ctx.Done():
 		c.abandon(op)

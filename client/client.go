@@ -61,11 +61,15 @@ type session struct {
 }
 
 // New opens a session with the cluster: it finds the leader from any
-// endpoint and says hello. It blocks until the session is established or ctx
-// is done (then the error matches ErrNoLeader and ctx's error). A token the
-// cluster refuses fails it at once with an error matching ErrUnauthenticated
-// or ErrPermissionDenied (a token without lock access on any prefix). ctx
-// bounds only this first connect; the Client lives until Close. Later
+// endpoint and says hello. It blocks until the session is established, ctx
+// is done, or Config.DialTimeout (default 10s) has passed; then the error
+// matches ErrNoLeader, the context error and the last attempt's error (so a
+// dead endpoint gives up after DialTimeout even with
+// context.Background()). A token the cluster refuses fails it at once with
+// an error matching ErrUnauthenticated or ErrPermissionDenied (a token
+// without lock access on any prefix), and an http:// endpoint of a member
+// that serves HTTPS with one matching ErrHTTPSRequired. ctx and DialTimeout
+// bound only this first connect; the Client lives until Close. Later
 // reconnects keep trying even when the token is refused (it may be accepted
 // again after the cluster reloads its token file); the session's local lease
 // ends the session meanwhile.
@@ -103,7 +107,17 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		watches:   make(map[*watch]struct{}),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	cs, err := c.connect(ctx, true)
+	dctx := ctx
+	if cfg.DialTimeout > 0 {
+		var cancel context.CancelFunc
+		dctx, cancel = context.WithTimeout(ctx, cfg.DialTimeout)
+		defer cancel()
+	}
+	cs, err := c.connect(dctx, true)
+	var gu *gaveUpError
+	if errors.As(err, &gu) && ctx.Err() == nil {
+		gu.within = cfg.DialTimeout // DialTimeout ran out, not the caller's ctx
+	}
 	if err != nil {
 		c.cancel()
 		if own {

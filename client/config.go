@@ -55,9 +55,19 @@ type Config struct {
 	HTTPClient *http.Client
 	// Logger receives connection events. Default: discard.
 	Logger *slog.Logger
-	// DialTimeout bounds one connect attempt to one member, handshake and
-	// hello included. Default 2s.
+	// DialTimeout bounds New: when no member led to a leader that
+	// established the session within it, New gives up with an error
+	// matching ErrNoLeader that wraps the last attempt's error (a refused
+	// connection, a TLS failure, ...). Default 10s; negative: no bound of
+	// its own, New then waits as long as its ctx allows. (The shorter of
+	// ctx and DialTimeout applies.) It bounds only the first connect:
+	// later reconnects go on until Close, and the session's lease decides
+	// meanwhile.
 	DialTimeout time.Duration
+	// AttemptTimeout bounds one connect attempt to one member (TCP, TLS,
+	// WebSocket handshake and hello), and one write on the connection.
+	// Default 2s.
+	AttemptTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the exponential, jittered wait between
 	// rounds of connect attempts. Defaults 50ms and 1s.
 	MinBackoff, MaxBackoff time.Duration
@@ -72,6 +82,10 @@ type Config struct {
 	// slewed by): 130ms of a 30s TTL, 3.7s of an hour. Negative: no margin.
 	LeaseMargin time.Duration
 }
+
+// DefaultDialTimeout is Config.DialTimeout's default: how long New looks
+// for a leader before it gives up with ErrNoLeader.
+const DefaultDialTimeout = 10 * time.Second
 
 // DefaultClientID is "<hostname>:<pid>", the same on every call in one
 // process. A Client's default ID adds a random suffix to it (see
@@ -108,7 +122,10 @@ func (c Config) withDefaults() Config {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = 2 * time.Second
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.AttemptTimeout == 0 {
+		c.AttemptTimeout = 2 * time.Second
 	}
 	if c.MinBackoff == 0 {
 		c.MinBackoff = 50 * time.Millisecond
@@ -140,8 +157,8 @@ func (c Config) Validate() error {
 	if c.LeaseMargin > 0 && c.LeaseMargin >= c.SessionTTL {
 		return fmt.Errorf("lockd: LeaseMargin %v not below SessionTTL %v", c.LeaseMargin, c.SessionTTL)
 	}
-	if c.DialTimeout < 0 || c.MinBackoff < 0 || c.MaxBackoff < c.MinBackoff || c.CloseTimeout < 0 {
-		return errors.New("lockd: DialTimeout, CloseTimeout and backoffs must be positive, MaxBackoff ≥ MinBackoff")
+	if c.AttemptTimeout < 0 || c.MinBackoff < 0 || c.MaxBackoff < c.MinBackoff || c.CloseTimeout < 0 {
+		return errors.New("lockd: AttemptTimeout, CloseTimeout and backoffs must be positive, MaxBackoff ≥ MinBackoff")
 	}
 	return nil
 }

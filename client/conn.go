@@ -55,7 +55,7 @@ func (c *Client) connect(ctx context.Context, first bool) (*wsConn, error) {
 		if cs != nil {
 			return cs, nil
 		}
-		if errors.Is(err, ErrClosed) || (first && (isAuthError(err) || isFatalHop(err))) {
+		if errors.Is(err, ErrClosed) || (first && (isAuthError(err) || isFatalHop(err) || errors.Is(err, ErrHTTPSRequired))) {
 			return nil, err
 		}
 		wait := bo.next()
@@ -67,12 +67,41 @@ func (c *Client) connect(ctx context.Context, first bool) (*wsConn, error) {
 			c.log.Info("lockd: no leader reachable, retrying", "err", err, "wait", wait)
 		}
 		if ctx.Err() != nil || !sleep(ctx, wait) {
-			if errors.Is(err, ErrNoLeader) {
-				return nil, fmt.Errorf("%w (%w)", err, ctx.Err())
-			}
-			return nil, fmt.Errorf("%w: %w (last error: %v)", ErrNoLeader, ctx.Err(), err)
+			return nil, &gaveUpError{ctx: ctx.Err(), last: err}
 		}
 	}
+}
+
+// gaveUpError is the error of a connect whose ctx ended before a leader
+// was found: it matches ErrNoLeader, ctx's error and the last attempt's.
+type gaveUpError struct {
+	ctx, last error
+	// within is the Config.DialTimeout that ran out, 0 when the caller's
+	// ctx ended.
+	within time.Duration
+}
+
+func (e *gaveUpError) Error() string {
+	last := "none"
+	if e.last != nil {
+		last = e.last.Error()
+	}
+	if e.within > 0 {
+		return fmt.Sprintf("%v: no member led to a leader within %v (Config.DialTimeout); last error: %s", ErrNoLeader, e.within, last)
+	}
+	return fmt.Sprintf("%v: %v (last error: %s)", ErrNoLeader, e.ctx, last)
+}
+
+func (e *gaveUpError) Is(target error) bool { return target == ErrNoLeader }
+
+func (e *gaveUpError) Unwrap() []error {
+	var errs []error
+	for _, err := range []error{e.ctx, e.last} {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 // connectRound tries every endpoint once, the last known leader first.
@@ -107,7 +136,7 @@ func wsURL(base string) string { return base + "/api/v1/ws" }
 // to try instead: the leader a follower pointed to, or the same member again
 // after a resume found the session gone.
 func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next string, err error) {
-	dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+	dctx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout)
 	defer cancel()
 	hdr := http.Header{}
 	setAuth(hdr, c.cfg.Token)
@@ -134,6 +163,14 @@ func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next s
 				return nil, leader, fmt.Errorf("%s: redirected to the leader %q", base, leader)
 			case http.StatusServiceUnavailable:
 				return nil, "", fmt.Errorf("%s: %w", base, ErrNoLeader)
+			case http.StatusBadRequest:
+				var b []byte
+				if resp.Body != nil {
+					b, _ = io.ReadAll(io.LimitReader(resp.Body, 4096))
+				}
+				if httpsRequired(resp.StatusCode, b) {
+					return nil, "", fmt.Errorf("%s: %w", base, ErrHTTPSRequired)
+				}
 			}
 		}
 		return nil, "", err
@@ -228,7 +265,7 @@ func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next s
 	// Sessions given up locally may still hold locks on the server under
 	// this client ID; end them before the new session can acquire anything.
 	for i, id := range orphans {
-		dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+		dctx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout)
 		err := c.api.DeleteSession(dctx, id)
 		cancel()
 		if err != nil && !isGone(err) {
@@ -392,7 +429,7 @@ func (c *Client) killLocked(cs *wsConn, why string) {
 // write sends one frame on cs. A failed write closes the connection, which
 // the reader then reports.
 func (c *Client) write(cs *wsConn, data []byte) error {
-	ctx, cancel := context.WithTimeout(cs.ctx, c.cfg.DialTimeout)
+	ctx, cancel := context.WithTimeout(cs.ctx, c.cfg.AttemptTimeout)
 	defer cancel()
 	return cs.ws.Write(ctx, websocket.MessageText, data)
 }

@@ -16,6 +16,11 @@
 //		return run(ctx, token)
 //	})
 //
+// New looks for a leader until ctx ends or Config.DialTimeout (10s by
+// default) has passed, then fails with an error matching ErrNoLeader that
+// wraps the last attempt's error; once open, the Client reconnects by
+// itself until Close.
+//
 // # The conservative local lease
 //
 // The client counts a lock as lost when its own deadline runs out: the time

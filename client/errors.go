@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 
@@ -76,6 +77,20 @@ var (
 	ErrElectionNotLeader = errors.New("lockd: not the leader of the election")
 	// ErrElectionNoLeader: Election.Leader found nobody leading.
 	ErrElectionNoLeader = errors.New("lockd: the election has no leader")
+
+	// ErrHTTPSRequired: an http:// endpoint reached a member that serves
+	// HTTPS (it answered "400 Client sent an HTTP request to an HTTPS
+	// server"). Use https:// endpoints, and trust the members' CA
+	// (Config.TLSConfig.RootCAs; lockctl --cacert). Not retried: every
+	// later attempt would get the same answer.
+	ErrHTTPSRequired = errors.New("lockd: this member speaks HTTPS: use an https:// endpoint, and trust its CA (TLSConfig.RootCAs; lockctl --cacert)")
+
+	// ErrHeldByThisClient: TryAcquire (or TryAcquireMany) of a lock this
+	// Client already holds, or is already acquiring in another call. It
+	// also matches ErrLockHeld: the lock is not free for this call. A Client
+	// is one holder: use the *Lock it has, or Release it first (Acquire,
+	// unlike TryAcquire, waits for that).
+	ErrHeldByThisClient = errors.New("lockd: the lock is already held or being acquired by this client")
 
 	// ErrUntrustedRedirect: a member sent the client (a 307, or a
 	// WebSocket not_leader reply) where it does not send its token: to a
@@ -176,4 +191,39 @@ func serverError(e *api.Error, status int) *ServerError {
 // timed out. what names the lock(s).
 func waitTimeoutErr(what string, cause error) error {
 	return fmt.Errorf("%w: %s (%v)", ErrWaitTimeout, what, cause)
+}
+
+// httpsOnlyReply is the body Go's (and most) HTTPS servers answer a plain
+// HTTP request with, under status 400.
+const httpsOnlyReply = "Client sent an HTTP request to an HTTPS server"
+
+// httpsRequired reports a 400 reply that says the request should have been
+// made over HTTPS.
+func httpsRequired(status int, body []byte) bool {
+	return status == 400 && bytes.Contains(body, []byte(httpsOnlyReply))
+}
+
+// heldHereError is the error of a try on a lock this client already holds
+// or is acquiring: it matches ErrHeldByThisClient and ErrLockHeld, and says
+// which of the two it is.
+type heldHereError struct {
+	what    string // the lock(s) asked for
+	lock    string // the one this client holds or awaits
+	token   uint64 // its token, when held
+	pending bool   // acquiring in another call, not held
+}
+
+func (e *heldHereError) Error() string {
+	prefix := "lockd: "
+	if e.what != fmt.Sprintf("lock %q", e.lock) {
+		prefix += e.what + ": "
+	}
+	if e.pending {
+		return fmt.Sprintf("%slock %q is already being acquired by this client, in another call", prefix, e.lock)
+	}
+	return fmt.Sprintf("%slock %q is already held by this client (token %d): use the Lock you have, or release it first", prefix, e.lock, e.token)
+}
+
+func (e *heldHereError) Is(target error) bool {
+	return target == ErrHeldByThisClient || target == ErrLockHeld
 }

@@ -55,8 +55,8 @@ func newClient(t *testing.T, f *lockdtest.Cluster, cfg client.Config) *client.Cl
 	if cfg.CloseTimeout == 0 {
 		cfg.CloseTimeout = time.Second
 	}
-	if cfg.DialTimeout == 0 {
-		cfg.DialTimeout = 500 * time.Millisecond
+	if cfg.AttemptTimeout == 0 {
+		cfg.AttemptTimeout = 500 * time.Millisecond
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()

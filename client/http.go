@@ -174,6 +174,9 @@ type request struct {
 	// stream, when set, consumes a 2xx reply body instead of out. Its
 	// error ends the call: a half-consumed reply cannot be retried.
 	stream func(io.Reader) error
+	// servedBy, when set, receives the base URL of the member that gave
+	// the 2xx reply.
+	servedBy *string
 }
 
 // do sends one request (JSON body in, JSON body out) to the leader. See API.
@@ -333,13 +336,19 @@ func (a *API) try(ctx context.Context, r *request, u string) (err error, retry b
 			u = next
 			continue
 		case resp.StatusCode >= 200 && resp.StatusCode < 300:
-			a.setLeader(req.URL.Scheme + "://" + req.URL.Host)
+			if r.servedBy != nil {
+				*r.servedBy = req.URL.Scheme + "://" + req.URL.Host
+			} else {
+				a.setLeader(req.URL.Scheme + "://" + req.URL.Host)
+			}
 			if r.out != nil && len(bytes.TrimSpace(data)) > 0 {
 				if err := json.Unmarshal(data, r.out); err != nil {
 					return fmt.Errorf("%s %s: decoding reply: %w", method, u, err), false
 				}
 			}
 			return nil, false
+		case httpsRequired(resp.StatusCode, data):
+			return fmt.Errorf("%s %s: %w", method, u, ErrHTTPSRequired), false
 		default:
 			se := replyError(resp.StatusCode, data, fmt.Sprintf("HTTP %d: %.200s", resp.StatusCode, bytes.TrimSpace(data)))
 			if ra := resp.Header.Get("Retry-After"); ra != "" {
@@ -502,17 +511,75 @@ func (a *API) Renew(ctx context.Context, name, clientID string, token uint64, tt
 	return &rep, nil
 }
 
-// Status reads one lock. stale lets any member answer from its local state.
+// Status reads one lock: a linearizable read on the leader, or with stale
+// from the first member that answers, from its own state (see
+// StaleStatus, which also tells which member that was).
 func (a *API) Status(ctx context.Context, name string, stale bool) (*api.LockStatus, error) {
-	p := lockPath(name, "")
 	if stale {
-		p += "?stale=true"
+		st, _, err := a.StaleStatus(ctx, name)
+		return st, err
 	}
 	var rep api.LockStatus
-	if err := a.do(ctx, http.MethodGet, p, nil, &rep); err != nil {
+	if err := a.do(ctx, http.MethodGet, lockPath(name, ""), nil, &rep); err != nil {
 		return nil, err
 	}
 	return &rep, nil
+}
+
+// StaleStatus reads lock name from the first member that answers, from
+// its own state (GET /api/v1/locks/{name}?stale=true): no leader is
+// needed, and the answer may lag the leader's by what that member has not
+// applied yet (the reply's Stale is then true). member is the base URL of
+// the member that answered; MemberStatus tells which one it is.
+func (a *API) StaleStatus(ctx context.Context, name string) (st *api.LockStatus, member string, err error) {
+	var rep api.LockStatus
+	if err := a.call(ctx, &request{method: http.MethodGet, path: lockPath(name, "") + "?stale=true", out: &rep, servedBy: &member}); err != nil {
+		return nil, "", err
+	}
+	return &rep, member, nil
+}
+
+// MemberStatus reads one member's own view of the cluster (GET
+// /api/v1/status on exactly that member, which needs no token: none is
+// sent): its id, Raft state, term, commit and applied index, last token,
+// log store and version. member is its base URL (http://host:port or
+// https://...; the http_addr of a Member in Cluster's reply); it may be any
+// member, not only a configured endpoint. It is tried once: no leader
+// routing, no retries. An unreachable member gives the dial error.
+func (a *API) MemberStatus(ctx context.Context, member string) (*api.NodeStatus, error) {
+	u, err := url.Parse(member)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("lockd: member %q is not an http(s) URL", member)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, normalizeEndpoint(member)+"/api/v1/status", nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("GET %s: %w", req.URL, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: reading reply: %w", req.URL, err)
+	}
+	switch {
+	case httpsRequired(resp.StatusCode, data):
+		return nil, fmt.Errorf("GET %s: %w", req.URL, ErrHTTPSRequired)
+	case resp.StatusCode != http.StatusOK:
+		return nil, fmt.Errorf("GET %s: %w", req.URL, replyError(resp.StatusCode, data, fmt.Sprintf("HTTP %d: %.200s", resp.StatusCode, bytes.TrimSpace(data))))
+	}
+	var st api.NodeStatus
+	if err := json.Unmarshal(data, &st); err != nil {
+		return nil, fmt.Errorf("GET %s: decoding reply: %w", req.URL, err)
+	}
+	return &st, nil
 }
 
 // WaitStatus is a blocking query of lock name (GET

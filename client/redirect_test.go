@@ -301,7 +301,7 @@ func TestSessionRedirectStaysInCluster(t *testing.T) {
 			defer cancel()
 			start := time.Now()
 			c, err := client.New(ctx, client.Config{Endpoints: []string{endpoint}, TLSConfig: tlsc, Token: redirectToken,
-				DialTimeout: 500 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, CloseTimeout: 200 * time.Millisecond})
+				AttemptTimeout: 500 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, CloseTimeout: 200 * time.Millisecond})
 			if err == nil {
 				c.Close()
 				t.Fatal("New succeeded")
@@ -337,7 +337,7 @@ func TestSessionPushedLeaderStaysInCluster(t *testing.T) {
 		wsReply(t, w, r, notLeader(l.URL), nil)
 	}, redirectTo(l.URL, l.URL))
 	c, err := client.New(t.Context(), client.Config{Endpoints: []string{m.URL}, Token: redirectToken,
-		DialTimeout: 500 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, CloseTimeout: 200 * time.Millisecond})
+		AttemptTimeout: 500 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, CloseTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,7 @@ func TestWatchAcrossACutConnection(t *testing.T) {
 	}
 	t.Cleanup(func() { px.Close() })
 	w := newClient(t, nil, client.Config{Endpoints: []string{"http://" + px.Addr()}, ClientID: "watcher",
-		SessionTTL: 20 * time.Second, MaxBackoff: 200 * time.Millisecond, DialTimeout: time.Second})
+		SessionTTL: 20 * time.Second, MaxBackoff: 200 * time.Millisecond, AttemptTimeout: time.Second})
 	a := newAPI(t, url)
 	ctx := t.Context()
 	tokens := map[string]uint64{}
@@ -137,7 +137,7 @@ func TestWatchAcrossALeaderChange(t *testing.T) {
 	cl := testutil.NewCluster(t, 3, testutil.Options{})
 	urls := cl.URLsFollowersFirst()
 	w := newClient(t, nil, client.Config{Endpoints: urls, ClientID: "watcher", SessionTTL: 20 * time.Second,
-		MaxBackoff: 200 * time.Millisecond, DialTimeout: time.Second})
+		MaxBackoff: 200 * time.Millisecond, AttemptTimeout: time.Second})
 	a := newAPI(t, urls...)
 	ctx := t.Context()
 	ch, err := w.WatchPrefix(ctx, "t/")

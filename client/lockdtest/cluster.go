@@ -10,7 +10,10 @@
 // sessions and queues, as the real cluster does. Faults: SetLeader,
 // DropConnections, Partition, DropReplies, ExpireSession, ExpireLock,
 // DropGrant, DropWatchChanges. Watches and blocking queries are served
-// too (see watch.go).
+// too (see watch.go), and so is membership as far as clients see it:
+// GET /api/v1/status (each member's own view), GET /api/v1/cluster, and
+// members added from outside (listed, serving nothing; removing an unknown
+// one is 404 not_found, as in lockd).
 package lockdtest
 
 import (
@@ -54,12 +57,13 @@ type Cluster struct {
 	sessions    map[string]*session
 	ended       map[string]time.Time // when each ended session ended
 	locks       map[string]*lock
-	index       uint64            // counts lock changes (the status "index")
-	dropped     map[string]uint64 // the index of each dropped lock's last change
-	changes     chan struct{}     // closed (and replaced) at every change
-	dropWatch   bool              // see DropWatchChanges
-	fresh       int               // hellos that opened a session
-	resumed     int               // hellos that resumed one
+	index       uint64                // counts lock changes (the status "index")
+	dropped     map[string]uint64     // the index of each dropped lock's last change
+	changes     chan struct{}         // closed (and replaced) at every change
+	dropWatch   bool                  // see DropWatchChanges
+	fresh       int                   // hellos that opened a session
+	resumed     int                   // hellos that resumed one
+	added       map[string]api.Member // members added by POST /api/v1/cluster/members
 }
 
 // New starts a fake cluster.
@@ -78,6 +82,7 @@ func New(opts Options) *Cluster {
 		lost:     make(map[string]int),
 		dropped:  make(map[string]uint64),
 		changes:  make(chan struct{}),
+		added:    make(map[string]api.Member),
 
 		dropReplies: make(map[string]bool),
 	}

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,8 +43,9 @@ func (m *member) routes() http.Handler {
 	mux.HandleFunc("DELETE /api/v1/sessions/{id}", m.leaderOnly(m.deleteSession))
 	mux.HandleFunc("GET /api/v1/cluster", m.held(m.cluster))
 	mux.HandleFunc("POST /api/v1/cluster/transfer-leadership", m.leaderOnly(m.transfer))
-	mux.HandleFunc("POST /api/v1/cluster/members", m.leaderOnly(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, struct{}{}) }))
-	mux.HandleFunc("DELETE /api/v1/cluster/members/{id}", m.leaderOnly(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, struct{}{}) }))
+	mux.HandleFunc("POST /api/v1/cluster/members", m.leaderOnly(m.addMember))
+	mux.HandleFunc("DELETE /api/v1/cluster/members/{id}", m.leaderOnly(m.removeMember))
+	mux.HandleFunc("GET /api/v1/status", m.held(m.nodeStatus))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })
 	return mux
 }
@@ -269,6 +272,7 @@ func (m *member) status(w http.ResponseWriter, r *http.Request) {
 	m.c.mu.Lock()
 	st := m.c.statusLocked(r.PathValue("name"))
 	m.c.mu.Unlock()
+	st.Stale = r.URL.Query().Get("stale") == "true" // as lockd marks such a read
 	writeJSON(w, 200, st)
 }
 
@@ -358,8 +362,76 @@ func (m *member) cluster(w http.ResponseWriter, r *http.Request) {
 		st.LeaderID = c.members[c.leader].id
 	}
 	for _, mm := range c.members {
-		u := c.URL(mm.idx)
-		st.Members = append(st.Members, api.Member{ID: mm.id, RaftAddr: "fake:" + mm.id, HTTPAddr: strings.TrimPrefix(u, "http://"), Voter: true})
+		st.Members = append(st.Members, api.Member{ID: mm.id, RaftAddr: "fake:" + mm.id, HTTPAddr: c.URL(mm.idx), Voter: true})
+	}
+	for _, id := range slices.Sorted(maps.Keys(c.added)) {
+		st.Members = append(st.Members, c.added[id])
+	}
+	c.mu.Unlock()
+	writeJSON(w, 200, st)
+}
+
+// addMember records a member added from outside (it serves nothing: a
+// member that never started).
+func (m *member) addMember(w http.ResponseWriter, r *http.Request) {
+	var req api.AddMemberRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.ID == "" || req.RaftAddr == "" || req.HTTPAddr == "" {
+		writeErr(w, api.CodeInvalidArgument, "id, raft_addr and http_addr are required")
+		return
+	}
+	c := m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, mm := range c.members {
+		if mm.id == req.ID {
+			writeErr(w, api.CodeInvalidArgument, "member "+req.ID+" is running in this fake; it cannot be added again")
+			return
+		}
+	}
+	u := req.HTTPAddr
+	if !strings.Contains(u, "://") {
+		u = "http://" + u
+	}
+	c.added[req.ID] = api.Member{ID: req.ID, RaftAddr: req.RaftAddr, HTTPAddr: u, Voter: true}
+	writeJSON(w, 200, struct{}{})
+}
+
+// removeMember forgets a member added from outside; removing one that
+// does not exist is 404 not_found, as in lockd. (The fake's own members
+// cannot be removed.)
+func (m *member) removeMember(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	c := m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.added[id]; ok {
+		delete(c.added, id)
+		writeJSON(w, 200, map[string]bool{"removed": true})
+		return
+	}
+	for _, mm := range c.members {
+		if mm.id == id {
+			writeErr(w, api.CodeInvalidArgument, "member "+id+" is running in this fake; it cannot be removed")
+			return
+		}
+	}
+	writeErr(w, api.CodeNotFound, "no member "+id)
+}
+
+// nodeStatus serves GET /api/v1/status: this member's own view.
+func (m *member) nodeStatus(w http.ResponseWriter, r *http.Request) {
+	c := m.c
+	c.mu.Lock()
+	st := api.NodeStatus{ID: m.id, State: "Follower", Term: 1, CommitIndex: c.index, AppliedIndex: c.index,
+		LastToken: c.lastToken, LogStore: "fake", Version: "lockdtest"}
+	if c.leader >= 0 {
+		st.LeaderID = c.members[c.leader].id
+		if c.leader == m.idx {
+			st.State = "Leader"
+		}
 	}
 	c.mu.Unlock()
 	writeJSON(w, 200, st)
