@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/lockd/lockd/client"
 )
 
@@ -33,20 +35,45 @@ type benchResult struct {
 // bench runs clients that loop acquire → release on a set of locks and
 // reports throughput and latency: a quick check of a deployment, not a
 // comparison (bench/ in the repository compares lockd with etcd).
-func (e *env) bench(ctx context.Context, args []string) int {
-	fs := e.command("bench", "bench [--clients 16] [--locks 16] [--duration 10s] [--mode session|http] [--prefix bench/]")
-	clients := fs.Int("clients", 16, "concurrent clients")
-	locks := fs.Int("locks", 16, "distinct locks (clients > locks means contention and hand-offs)")
-	duration := fs.Duration("duration", 10*time.Second, "how long to run")
-	mode := fs.String("mode", "session", "session: one WebSocket session per client (the client library); http: plain HTTP acquire/release")
-	prefix := fs.String("prefix", "bench/", "lock name prefix")
-	ttl := fs.Duration("ttl", 30*time.Second, "lock TTL (http mode)")
-	if _, code, ok := e.parse(fs, args); !ok {
-		return code
+func (e *env) benchCmd() *cobra.Command {
+	var clients, locks int
+	var duration, ttl time.Duration
+	var mode, prefix string
+	c := &cobra.Command{
+		Use:   "bench [--clients 16] [--locks 16] [--duration 10s] [--mode session|http]",
+		Short: "clients loop acquire → release; print cycles/s and acquire/release latency",
+		Long: `Run clients that loop acquire → release on a set of locks and print the
+throughput and the acquire and release latency: a quick check of a
+deployment, not a comparison (bench/ in the repository compares lockd with
+etcd). --mode session: one WebSocket session per client (the client
+library); http: plain HTTP acquire and release.`,
+		Args: positional(),
+		RunE: func(c *cobra.Command, _ []string) error {
+			if clients < 1 || locks < 1 || duration <= 0 || (mode != "session" && mode != "http") {
+				return errors.New("bench: --clients and --locks must be ≥ 1, --duration > 0, --mode session or http")
+			}
+			return status(e.bench(c.Context(), benchFlags{clients: clients, locks: locks, duration: duration, mode: mode, prefix: prefix, ttl: ttl}))
+		},
 	}
-	if *clients < 1 || *locks < 1 || *duration <= 0 || (*mode != "session" && *mode != "http") {
-		return usageErr(e.stderr, errors.New("bench: --clients and --locks must be ≥ 1, --duration > 0, --mode session or http"))
-	}
+	fs := c.Flags()
+	fs.IntVar(&clients, "clients", 16, "concurrent clients")
+	fs.IntVar(&locks, "locks", 16, "distinct locks (clients > locks means contention and hand-offs)")
+	durationVar(fs, &duration, "duration", 10*time.Second, "how long to run")
+	fs.StringVar(&mode, "mode", "session", "session: one WebSocket session per client (the client library); http: plain HTTP acquire/release")
+	fs.StringVar(&prefix, "prefix", "bench/", "lock name prefix")
+	durationVar(fs, &ttl, "ttl", 30*time.Second, "lock TTL (http mode)")
+	_ = c.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions([]string{"session", "http"}, cobra.ShellCompDirectiveNoFileComp))
+	return c
+}
+
+// benchFlags are bench's flags.
+type benchFlags struct {
+	clients, locks int
+	duration, ttl  time.Duration
+	mode, prefix   string
+}
+
+func (e *env) bench(ctx context.Context, f benchFlags) int {
 	tc, err := e.tlsConfig()
 	if err != nil {
 		return e.setupFailed(err)
@@ -55,7 +82,7 @@ func (e *env) bench(ctx context.Context, args []string) int {
 	if err != nil {
 		return e.setupFailed(err)
 	}
-	runCtx, cancel := context.WithTimeout(ctx, *duration)
+	runCtx, cancel := context.WithTimeout(ctx, f.duration)
 	defer cancel()
 
 	var (
@@ -86,19 +113,19 @@ func (e *env) bench(ctx context.Context, args []string) int {
 		}
 		acq, rel = append(acq, a), append(rel, r)
 	}
-	for i := 0; i < *clients; i++ {
+	for i := 0; i < f.clients; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			name := fmt.Sprintf("%s%d", *prefix, i%*locks)
+			name := fmt.Sprintf("%s%d", f.prefix, i%f.locks)
 			id := fmt.Sprintf("%s-bench-%d", e.clientID(), i)
-			if *mode == "http" {
+			if f.mode == "http" {
 				end, _ := runCtx.Deadline()
 				for runCtx.Err() == nil {
 					// A wait never outlives the run, so no grant lands after it.
 					wait := max(time.Until(end), time.Millisecond)
 					t0 := time.Now()
-					rep, err := a.Acquire(runCtx, name, id, *ttl, wait)
+					rep, err := a.Acquire(runCtx, name, id, f.ttl, wait)
 					t1 := time.Now()
 					if err == nil {
 						err = a.Release(context.Background(), name, id, rep.FencingToken)
@@ -107,7 +134,7 @@ func (e *env) bench(ctx context.Context, args []string) int {
 				}
 				return
 			}
-			c, err := client.New(runCtx, client.Config{Endpoints: e.endpoints(), ClientID: id,
+			c, err := client.New(runCtx, client.Config{Endpoints: e.endpoints(), ClientID: id, DialTimeout: -1, // the run bounds it
 				Logger: quietLogger, TLSConfig: tc, Token: e.g.token})
 			if err != nil {
 				record(0, 0, err)
@@ -127,22 +154,22 @@ func (e *env) bench(ctx context.Context, args []string) int {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	if *mode == "http" {
+	if f.mode == "http" {
 		// An HTTP acquire abandoned when the run ended may still have been
 		// granted (the server keeps a departed waiter until its deadline):
 		// take each such grant back (acquire is idempotent) and release it.
 		time.Sleep(200 * time.Millisecond)
-		for i := 0; i < *clients; i++ {
-			name := fmt.Sprintf("%s%d", *prefix, i%*locks)
+		for i := 0; i < f.clients; i++ {
+			name := fmt.Sprintf("%s%d", f.prefix, i%f.locks)
 			id := fmt.Sprintf("%s-bench-%d", e.clientID(), i)
 			cctx, ccancel := e.ctx(ctx, 0)
-			if rep, err := a.Acquire(cctx, name, id, *ttl, 0); err == nil {
+			if rep, err := a.Acquire(cctx, name, id, f.ttl, 0); err == nil {
 				_ = a.Release(cctx, name, id, rep.FencingToken)
 			}
 			ccancel()
 		}
 	}
-	res := benchResult{Mode: *mode, Clients: *clients, Locks: *locks, Seconds: elapsed.Seconds(),
+	res := benchResult{Mode: f.mode, Clients: f.clients, Locks: f.locks, Seconds: elapsed.Seconds(),
 		Cycles: len(acq), Errors: errs, CyclesPerSec: float64(len(acq)) / elapsed.Seconds()}
 	if firstErr != nil {
 		res.FirstErrorMsg = firstErr.Error()

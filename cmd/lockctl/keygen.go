@@ -1,13 +1,14 @@
 package main
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/spf13/cobra"
 
 	"github.com/lockd/lockd/fence"
 )
@@ -22,40 +23,58 @@ type keygenReply struct {
 // private key for every lockd member (--signing-key), the public key for the
 // resource servers (fencestore --verify-key, fence.WithVerifyKey). It needs
 // no cluster.
-func (e *env) keygen(_ context.Context, args []string) int {
-	fs := e.command("keygen", "keygen [--private lockd-signing.pem] [--public lockd-verify.pem] [--force]")
-	priv := fs.String("private", "lockd-signing.pem", "where to write the private key (PEM, PKCS #8, mode 0600): lockd --signing-key")
-	pub := fs.String("public", "lockd-verify.pem", "where to write the public key (PEM, PKIX, mode 0644): fencestore --verify-key")
-	force := fs.Bool("force", false, "replace existing key files")
-	if _, code, ok := e.parse(fs, args); !ok {
-		return code
+func (e *env) keygenCmd() *cobra.Command {
+	var priv, pub string
+	var force bool
+	c := &cobra.Command{
+		Use:   "keygen [--private F] [--public F] [--force]",
+		Short: "write a new Ed25519 key pair for signed fencing tokens (needs no cluster)",
+		Long: `Write a new Ed25519 key pair for signed fencing tokens (needs no cluster):
+the private key (default lockd-signing.pem, mode 0600) for every lockd
+member's --signing-key, the public key (default lockd-verify.pem) for
+fencestore --verify-key. Refuses to replace existing files unless --force.`,
+		Args: positional(),
+		RunE: func(c *cobra.Command, _ []string) error {
+			if priv == "" || pub == "" {
+				return errors.New("keygen: --private and --public must not be empty")
+			}
+			if samePath(priv, pub) {
+				return fmt.Errorf("keygen: --private and --public are the same file %q", priv)
+			}
+			return status(e.keygen(priv, pub, force))
+		},
 	}
-	if *priv == "" || *pub == "" {
-		return usageErr(e.stderr, errors.New("keygen: --private and --public must not be empty"))
-	}
-	if samePath(*priv, *pub) {
-		return usageErr(e.stderr, fmt.Errorf("keygen: --private and --public are the same file %q", *priv))
-	}
+	c.Flags().StringVar(&priv, "private", "lockd-signing.pem", "where to write the private key `F` (PEM, PKCS #8, mode 0600): lockd --signing-key")
+	c.Flags().StringVar(&pub, "public", "lockd-verify.pem", "where to write the public key `F` (PEM, PKIX, mode 0644): fencestore --verify-key")
+	c.Flags().BoolVar(&force, "force", false, "replace existing key files")
+	return c
+}
+
+// keygen writes a new Ed25519 key pair for signed fencing tokens: the
+// private key for every lockd member (--signing-key), the public key for
+// the resource servers (fencestore --verify-key, fence.WithVerifyKey). It
+// needs no cluster.
+func (e *env) keygen(priv, pub string, force bool) int {
 	var err error
-	if *force {
-		err = replaceKeyFiles(*priv, *pub)
+	if force {
+		err = replaceKeyFiles(priv, pub)
 	} else {
-		for _, p := range []string{*priv, *pub} {
+		for _, p := range []string{priv, pub} {
 			if _, serr := os.Lstat(p); serr == nil {
 				fmt.Fprintf(e.stderr, "lockctl: keygen: %s exists; not replacing a key that may be in use (pass --force to replace it)\n", p)
 				return exitError
 			}
 		}
-		err = fence.GenerateKeyFiles(*priv, *pub)
+		err = fence.GenerateKeyFiles(priv, pub)
 	}
 	if err != nil {
 		fmt.Fprintf(e.stderr, "lockctl: keygen: %v\n", err)
 		return exitError
 	}
-	e.print(keygenReply{Private: *priv, Public: *pub}, fmt.Sprintf(
+	e.print(keygenReply{Private: priv, Public: pub}, fmt.Sprintf(
 		"wrote private key %s (keep it secret; give the same file to every lockd member: lockd --signing-key %s)\n"+
 			"wrote public key  %s (for resource servers: fencestore --verify-key %s)",
-		*priv, *priv, *pub, *pub))
+		priv, priv, pub, pub))
 	return exitOK
 }
 

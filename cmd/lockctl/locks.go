@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,31 +11,12 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/client"
 )
-
-// command prepares a command's flag set with a usage line.
-func (e *env) command(name, synopsis string) *flag.FlagSet {
-	fs := newFlagSet(name, e.stderr, e.g)
-	fs.Usage = func() {
-		fmt.Fprintf(e.stderr, "usage: lockctl %s\n", synopsis)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
-// parse parses a command line and checks the common flags.
-func (e *env) parse(fs *flag.FlagSet, args []string, names ...string) ([]string, int, bool) {
-	pos, err := parseExact(fs, args, names...)
-	if err == nil {
-		err = e.checkOutput()
-	}
-	if err != nil {
-		return nil, usageErr(e.stderr, err), false
-	}
-	return pos, 0, true
-}
 
 // kindFlags are the lock-kind flags of acquire and run.
 type kindFlags struct {
@@ -47,17 +27,30 @@ type kindFlags struct {
 	valueSet  bool
 }
 
-func addKindFlags(fs *flag.FlagSet) *kindFlags {
+func addKindFlags(fs *pflag.FlagSet) *kindFlags {
 	k := &kindFlags{}
-	fs.BoolVar(&k.shared, "shared", false, "take a shared grant (readers of a read-write lock); default exclusive")
-	fs.IntVar(&k.limit, "limit", 0, "semaphore size: up to N holders at once (1–10000; default: what the lock has, 1 for a new one)")
-	fs.DurationVar(&k.lockDelay, "lock-delay", 0, "after the grant ends without a release (expiry, session end, revocation), grant the lock to no one for D (≤ 1m)")
-	fs.Func("value", "the grant's value, shown in the lock's status (≤ 4096 bytes)", func(v string) error {
-		k.value, k.valueSet = v, true
-		return nil
-	})
+	fs.BoolVar(&k.shared, "shared", false, "take a shared grant: shared holders coexist, never with an exclusive one (a read-write lock); default exclusive")
+	fs.IntVar(&k.limit, "limit", 0, "a semaphore: up to `N` holders at once, each with its own token (1–10000; set by the acquire that creates the lock; another N while the lock is in use is refused: limit mismatch, exit 1; default: what the lock has, 1 for a new one)")
+	durationVar(fs, &k.lockDelay, "lock-delay", 0, "when the grant ends without a release (expiry, session end, revocation), nobody gets the lock for `D` (up to 1m)")
+	fs.Var(&stringSet{p: &k.value, set: &k.valueSet}, "value", "the grant's value `V`, shown by status and list (up to 4096 bytes)")
 	return k
 }
+
+// stringSet is a string flag that records whether it was given (an empty
+// --value is a value).
+type stringSet struct {
+	p   *string
+	set *bool
+}
+
+func (s *stringSet) Set(v string) error { *s.p, *s.set = v, true; return nil }
+func (s *stringSet) String() string {
+	if s.p == nil {
+		return ""
+	}
+	return *s.p
+}
+func (s *stringSet) Type() string { return "string" }
 
 // check reports a flag out of range (a usage error) before anything is
 // sent; multi says several names were given.
@@ -130,33 +123,55 @@ func msPtr(d time.Duration) *int64 {
 	return &v
 }
 
-func (e *env) acquire(ctx context.Context, args []string) int {
-	fs := e.command("acquire", "acquire NAME [NAME...] [--ttl 30s] [--wait 0s] [--shared] [--limit N] [--lock-delay D] [--value V]")
-	ttl := fs.Duration("ttl", 30*time.Second, "lock TTL")
-	wait := fs.Duration("wait", 0, "how long to wait for the lock (0: try once)")
-	kf := addKindFlags(fs)
-	pos, rest, err := parseArgs(fs, args, 0)
-	var names []string
-	if err == nil {
-		err = e.checkOutput()
+func (e *env) acquireCmd() *cobra.Command {
+	var ttl, wait time.Duration
+	var kf *kindFlags
+	c := &cobra.Command{
+		Use:   "acquire NAME [NAME...] [--ttl 30s] [--wait 0s] [--shared] [--limit N] [--lock-delay D] [--value V]",
+		Short: "take locks without a session; print the token and the expiry",
+		Long: `Take a lock without a session, held by --client-id until its TTL runs out
+or it is released (lockctl release NAME --token N --client-id ID); print
+its fencing token and expiry. With --wait, wait up to that long for it.
+
+Several names (NAME NAME, or NAME,NAME) are a multi-lock: every lock in one
+step, or none; a refusal names the lock that blocked it. Each lock is then
+released and renewed on its own.
+
+Lock kinds: --shared (a read-write lock's readers), --limit N (a
+semaphore), --lock-delay D, --value V; see the flags.`,
+		Example: `  lockctl acquire jobs/nightly --ttl 30s --wait 5s --client-id me
+  lockctl acquire catalog --shared --client-id reader-1
+  lockctl acquire accounts/alice accounts/bob --wait 5s`,
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return errors.New("acquire: missing NAME")
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			names, err := lockNames(args)
+			if err == nil {
+				err = kf.check(len(names) > 1)
+			}
+			if err != nil {
+				return err
+			}
+			return status(e.acquire(c.Context(), names, ttl, wait, kf))
+		},
 	}
-	if err == nil {
-		names, err = lockNames(append(pos, rest...))
-	}
-	if err == nil && len(names) == 0 {
-		err = errors.New("acquire: missing NAME")
-	}
-	if err == nil {
-		err = kf.check(len(names) > 1)
-	}
-	if err != nil {
-		return usageErr(e.stderr, err)
-	}
-	r, code := e.prepare(ctx, names, *wait)
+	durationVar(c.Flags(), &ttl, "ttl", 30*time.Second, "lock TTL")
+	durationVar(c.Flags(), &wait, "wait", 0, "how long to wait for the lock (0: try once)")
+	kf = addKindFlags(c.Flags())
+	return c
+}
+
+func (e *env) acquire(ctx context.Context, names []string, ttl, wait time.Duration, kf *kindFlags) int {
+	r, code := e.prepare(ctx, wait)
 	if r == nil {
 		return code
 	}
 	defer r.cancel()
+	var err error
 	var value *string
 	if kf.valueSet {
 		value = &kf.value
@@ -166,11 +181,11 @@ func (e *env) acquire(ctx context.Context, args []string) int {
 		delay = msPtr(kf.lockDelay)
 	}
 	var waitMs, ttlMs *int64 // absent: the server's defaults
-	if *wait > 0 {
-		waitMs = msPtr(*wait)
+	if wait > 0 {
+		waitMs = msPtr(wait)
 	}
-	if *ttl > 0 {
-		ttlMs = msPtr(*ttl)
+	if ttl > 0 {
+		ttlMs = msPtr(ttl)
 	}
 	what := "lock " + names[0]
 	var rep *api.AcquireReply
@@ -206,19 +221,34 @@ func (e *env) acquire(ctx context.Context, args []string) int {
 	return exitOK
 }
 
-func (e *env) revoke(ctx context.Context, args []string) int {
-	fs := e.command("revoke", "revoke NAME [--token N]")
-	token := fs.Uint64("token", 0, "revoke only the grant with this fencing token (default: every grant)")
-	r, code := e.request(ctx, fs, args, "NAME")
+func (e *env) revokeCmd() *cobra.Command {
+	var token uint64
+	c := &cobra.Command{
+		Use:   "revoke NAME [--token N]",
+		Short: "end a lock's grants, whoever holds them (admin token); print the tokens revoked",
+		Long: `End the lock's grants, whoever holds them (an admin token when the cluster
+runs with --auth-file): every grant, or only the one with token N. Holders
+are told (lost, revoked), the lock-delay applies, waiters go on. Prints the
+tokens revoked (-o json: {"revoked":[...]}); a token no grant has exits 5.`,
+		Args: positional("NAME"),
+		RunE: func(c *cobra.Command, args []string) error {
+			return status(e.revoke(c.Context(), args[0], token))
+		},
+	}
+	c.Flags().Uint64Var(&token, "token", 0, "revoke only the grant with this fencing token `N` (default: every grant)")
+	return c
+}
+
+func (e *env) revoke(ctx context.Context, name string, token uint64) int {
+	r, code := e.prepare(ctx, 0)
 	if r == nil {
 		return code
 	}
 	defer r.cancel()
-	name := r.pos[0]
-	revoked, err := r.api.Revoke(r.ctx, name, *token)
+	revoked, err := r.api.Revoke(r.ctx, name, token)
 	if err != nil {
 		if errors.Is(err, client.ErrNotHolder) {
-			fmt.Fprintf(e.stderr, "lockctl: lock %s: no current grant has token %d\n", name, *token)
+			fmt.Fprintf(e.stderr, "lockctl: lock %s: no current grant has token %d\n", name, token)
 			return exitNotHolder
 		}
 		return e.fail(err, "lock "+name)
@@ -235,47 +265,81 @@ func (e *env) revoke(ctx context.Context, args []string) int {
 	return exitOK
 }
 
-// tokenRequest parses a command that needs --token (release, renew).
-func (e *env) tokenRequest(ctx context.Context, fs *flag.FlagSet, token *uint64, args []string) (*request, int) {
-	pos, code, ok := e.parse(fs, args, "NAME")
-	if !ok {
-		return nil, code
+// tokenFlag adds --token, which release and renew need.
+func tokenFlag(c *cobra.Command, token *uint64) {
+	c.Flags().Uint64Var(token, "token", 0, "fencing token `N` of the grant (required)")
+	prev := c.Args
+	c.Args = func(c *cobra.Command, args []string) error {
+		if err := prev(c, args); err != nil {
+			return err
+		}
+		if *token == 0 {
+			return fmt.Errorf("%s: --token is required", c.Name())
+		}
+		return nil
 	}
-	if *token == 0 {
-		return nil, usageErr(e.stderr, fmt.Errorf("%s: --token is required", fs.Name()))
-	}
-	return e.prepare(ctx, pos, 0)
 }
 
-func (e *env) release(ctx context.Context, args []string) int {
-	fs := e.command("release", "release NAME --token N")
-	token := fs.Uint64("token", 0, "fencing token of the grant (required)")
-	r, code := e.tokenRequest(ctx, fs, token, args)
+func (e *env) releaseCmd() *cobra.Command {
+	var token uint64
+	c := &cobra.Command{
+		Use:   "release NAME --token N",
+		Short: "release a lock held by --client-id",
+		Long: `Release a lock held by --client-id with fencing token N. Pass the same
+--client-id as to acquire (its default, <hostname>:<pid>, differs per
+invocation). Exits 5 when that client does not hold the lock with that token.`,
+		Example: "  lockctl release jobs/nightly --token 42 --client-id me",
+		Args:    positional("NAME"),
+		RunE: func(c *cobra.Command, args []string) error {
+			return status(e.release(c.Context(), args[0], token))
+		},
+	}
+	tokenFlag(c, &token)
+	return c
+}
+
+func (e *env) release(ctx context.Context, name string, token uint64) int {
+	r, code := e.prepare(ctx, 0)
 	if r == nil {
 		return code
 	}
 	defer r.cancel()
-	if err := r.api.Release(r.ctx, r.pos[0], e.clientID(), *token); err != nil {
-		return e.fail(err, "lock "+r.pos[0])
+	if err := r.api.Release(r.ctx, name, e.clientID(), token); err != nil {
+		return e.fail(err, "lock "+name)
 	}
-	e.print(api.ReleaseReply{Released: true}, r.pos[0]+" released")
+	e.print(api.ReleaseReply{Released: true}, name+" released")
 	return exitOK
 }
 
-func (e *env) renew(ctx context.Context, args []string) int {
-	fs := e.command("renew", "renew NAME --token N [--ttl 30s]")
-	token := fs.Uint64("token", 0, "fencing token of the grant (required)")
-	ttl := fs.Duration("ttl", 0, "new TTL (default: the lock's)")
-	r, code := e.tokenRequest(ctx, fs, token, args)
+func (e *env) renewCmd() *cobra.Command {
+	var token uint64
+	var ttl time.Duration
+	c := &cobra.Command{
+		Use:   "renew NAME --token N [--ttl 30s]",
+		Short: "extend a lock's TTL",
+		Long: `Extend the TTL of a lock held by --client-id with fencing token N (the same
+--client-id as acquire's). Exits 5 when the lock was lost meanwhile.`,
+		Args: positional("NAME"),
+		RunE: func(c *cobra.Command, args []string) error {
+			return status(e.renew(c.Context(), args[0], token, ttl))
+		},
+	}
+	tokenFlag(c, &token)
+	durationVar(c.Flags(), &ttl, "ttl", 0, "new TTL (default: the lock's)")
+	return c
+}
+
+func (e *env) renew(ctx context.Context, name string, token uint64, ttl time.Duration) int {
+	r, code := e.prepare(ctx, 0)
 	if r == nil {
 		return code
 	}
 	defer r.cancel()
-	rep, err := r.api.Renew(r.ctx, r.pos[0], e.clientID(), *token, *ttl)
+	rep, err := r.api.Renew(r.ctx, name, e.clientID(), token, ttl)
 	if err != nil {
-		return e.fail(err, "lock "+r.pos[0])
+		return e.fail(err, "lock "+name)
 	}
-	e.print(rep, fmt.Sprintf("%s renewed expires_at=%s", r.pos[0], orDash(rep.ExpiresAt)))
+	e.print(rep, fmt.Sprintf("%s renewed expires_at=%s", name, orDash(rep.ExpiresAt)))
 	return exitOK
 }
 
@@ -317,19 +381,61 @@ func statusLine(st api.LockStatus) string {
 	return b.String()
 }
 
-func (e *env) status(ctx context.Context, args []string) int {
-	fs := e.command("status", "status NAME [--stale]")
-	stale := fs.Bool("stale", false, "let any member answer from its local state")
-	r, code := e.request(ctx, fs, args, "NAME")
+func (e *env) statusCmd() *cobra.Command {
+	var stale bool
+	c := &cobra.Command{
+		Use:   "status NAME [--stale]",
+		Short: "show who holds a lock: mode, limit, holders, value, waiters, delayed_until",
+		Long: `Show a lock: held or free, the holder (the one with the lowest token), mode
+(exclusive, shared), limit, holders (one line each when several), value,
+waiters, and delayed_until while a lock-delay runs. -o json prints the
+server's object as it is.
+
+The read is linearizable: the leader answers. With --stale any member
+answers from its own state, which may lag the leader's; the line then ends
+in "(stale, from n2)", naming the member that answered (JSON: "stale": true).`,
+		Args: positional("NAME"),
+		RunE: func(c *cobra.Command, args []string) error {
+			return status(e.status(c.Context(), args[0], stale))
+		},
+	}
+	c.Flags().BoolVar(&stale, "stale", false, "let any member answer from its local state (no leader needed; may lag)")
+	return c
+}
+
+func (e *env) status(ctx context.Context, name string, stale bool) int {
+	r, code := e.prepare(ctx, 0)
 	if r == nil {
 		return code
 	}
 	defer r.cancel()
-	st, err := r.api.Status(r.ctx, r.pos[0], *stale)
-	if err != nil {
-		return e.fail(err, "lock "+r.pos[0])
+	if !stale {
+		st, err := r.api.Status(r.ctx, name, false)
+		if err != nil {
+			return e.fail(err, "lock "+name)
+		}
+		e.print(st, statusLine(*st))
+		return exitOK
 	}
-	e.print(st, statusLine(*st))
+	st, member, err := r.api.StaleStatus(r.ctx, name)
+	if err != nil {
+		return e.fail(err, "lock "+name)
+	}
+	text := statusLine(*st)
+	if st.Stale {
+		// Name the member by its id when it says (GET /api/v1/status),
+		// else by its URL.
+		from := member
+		if ns, err := r.api.MemberStatus(r.ctx, member); err == nil && ns.ID != "" {
+			from = ns.ID
+		}
+		first, rest, _ := strings.Cut(text, "\n")
+		text = first + " (stale, from " + from + ")"
+		if rest != "" {
+			text += "\n" + rest
+		}
+	}
+	e.print(st, text)
 	return exitOK
 }
 
@@ -337,38 +443,53 @@ func (e *env) status(ctx context.Context, args []string) int {
 // server's default page.
 const listPage = 1000
 
-func (e *env) list(ctx context.Context, args []string) int {
-	fs := e.command("list", "list [--prefix P] [--limit N] [--after NAME]")
-	prefix := fs.String("prefix", "", "only locks whose name starts with P")
-	limit := fs.Int("limit", 0, "print at most N locks (0: all of them)")
-	after := fs.String("after", "", "start after the lock NAME (the next of a list cut by --limit)")
-	pos, code, ok := e.parse(fs, args)
-	if !ok {
-		return code
+func (e *env) listCmd() *cobra.Command {
+	var prefix, after string
+	var limit int
+	c := &cobra.Command{
+		Use:   "list [--prefix P] [--limit N] [--after NAME]",
+		Short: "list held, awaited or delayed locks in name order",
+		Long: `List the locks that are held, awaited or delayed, in name order, with mode,
+limit, holders (every one, by token), expiry, waiters, value and
+delayed_until: all of them (read page after page: a long list is not one
+snapshot), or at most N, and then the --after NAME that goes on is printed
+on stderr (-o json: the reply's "next"). A token needs read access on the
+prefix (the empty prefix without --prefix).`,
+		Args: positional(),
+		RunE: func(c *cobra.Command, args []string) error {
+			if limit < 0 {
+				return fmt.Errorf("list: --limit %d: want 0 (all) or more", limit)
+			}
+			return status(e.list(c.Context(), prefix, limit, after))
+		},
 	}
-	if *limit < 0 {
-		return usageErr(e.stderr, fmt.Errorf("list: --limit %d: want 0 (all) or more", *limit))
-	}
-	r, code := e.prepare(ctx, pos, 0)
+	c.Flags().StringVar(&prefix, "prefix", "", "only locks whose name starts with `P`")
+	c.Flags().IntVar(&limit, "limit", 0, "print at most `N` locks (0: all of them)")
+	c.Flags().StringVar(&after, "after", "", "start after the lock `NAME` (the next of a list cut by --limit)")
+	return c
+}
+
+func (e *env) list(ctx context.Context, prefix string, limit int, after string) int {
+	r, code := e.prepare(ctx, 0)
 	if r == nil {
 		return code
 	}
 	defer r.cancel()
 	// Page through the server's pages until the last, or until --limit.
 	locks := []api.LockStatus{}
-	next := *after
+	next := after
 	for {
 		size := listPage
-		if *limit > 0 {
-			size = min(size, *limit-len(locks))
+		if limit > 0 {
+			size = min(size, limit-len(locks))
 		}
-		page, err := r.api.ListPage(r.ctx, *prefix, next, size)
+		page, err := r.api.ListPage(r.ctx, prefix, next, size)
 		if err != nil {
 			return e.fail(err, "list")
 		}
 		locks = append(locks, page.Locks...)
 		next = page.Next
-		if next == "" || (*limit > 0 && len(locks) >= *limit) {
+		if next == "" || (limit > 0 && len(locks) >= limit) {
 			break
 		}
 	}
@@ -404,140 +525,22 @@ func (e *env) list(ctx context.Context, args []string) int {
 	return exitOK
 }
 
-// request is a parsed subcommand ready to call the API.
+// request is a command ready to call the API.
 type request struct {
-	pos    []string
 	api    *client.API
 	ctx    context.Context
 	cancel context.CancelFunc
-}
-
-// request parses a subcommand's flags and prepares the call.
-func (e *env) request(ctx context.Context, fs *flag.FlagSet, args []string, names ...string) (*request, int) {
-	pos, code, ok := e.parse(fs, args, names...)
-	if !ok {
-		return nil, code
-	}
-	return e.prepare(ctx, pos, 0)
 }
 
 // prepare builds the API client (only after the subcommand's flags are
 // parsed: global flags such as --endpoints may follow the subcommand) and
 // the request's context, which allows extra time beyond --timeout (a wait).
 // A nil request means: exit with the code.
-func (e *env) prepare(ctx context.Context, pos []string, extra time.Duration) (*request, int) {
+func (e *env) prepare(ctx context.Context, extra time.Duration) (*request, int) {
 	a, err := e.api()
 	if err != nil {
 		return nil, e.setupFailed(err)
 	}
 	rctx, cancel := e.ctx(ctx, extra)
-	return &request{pos: pos, api: a, ctx: rctx, cancel: cancel}, 0
-}
-
-func (e *env) session(ctx context.Context, args []string) int {
-	if len(args) == 0 {
-		return usageErr(e.stderr, fmt.Errorf("session: want create, keepalive ID or delete ID"))
-	}
-	switch sub, args := args[0], args[1:]; sub {
-	case "create":
-		fs := e.command("session create", "session create [--ttl 15s]")
-		ttl := fs.Duration("ttl", 15*time.Second, "session TTL")
-		r, code := e.request(ctx, fs, args)
-		if r == nil {
-			return code
-		}
-		defer r.cancel()
-		rep, err := r.api.CreateSession(r.ctx, e.clientID(), *ttl)
-		if err != nil {
-			return e.fail(err, "session create")
-		}
-		e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", rep.SessionID, rep.TTLms))
-	case "keepalive":
-		r, code := e.request(ctx, e.command("session keepalive", "session keepalive ID"), args, "ID")
-		if r == nil {
-			return code
-		}
-		defer r.cancel()
-		rep, err := r.api.KeepAlive(r.ctx, r.pos[0])
-		if err != nil {
-			return e.fail(err, "session "+r.pos[0])
-		}
-		e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", r.pos[0], rep.TTLms))
-	case "delete":
-		r, code := e.request(ctx, e.command("session delete", "session delete ID"), args, "ID")
-		if r == nil {
-			return code
-		}
-		defer r.cancel()
-		if err := r.api.DeleteSession(r.ctx, r.pos[0]); err != nil {
-			return e.fail(err, "session "+r.pos[0])
-		}
-		e.print(map[string]any{"deleted": true, "session_id": r.pos[0]}, "session "+r.pos[0]+" deleted")
-	default:
-		return usageErr(e.stderr, fmt.Errorf("session: unknown subcommand %q (want create, keepalive or delete)", sub))
-	}
-	return exitOK
-}
-
-func (e *env) cluster(ctx context.Context, args []string) int {
-	if len(args) == 0 {
-		return usageErr(e.stderr, fmt.Errorf("cluster: want status, add, remove or transfer"))
-	}
-	switch sub, args := args[0], args[1:]; sub {
-	case "status":
-		r, code := e.request(ctx, e.command("cluster status", "cluster status"), args)
-		if r == nil {
-			return code
-		}
-		defer r.cancel()
-		st, err := r.api.Cluster(r.ctx)
-		if err != nil {
-			return e.fail(err, "cluster status")
-		}
-		var b strings.Builder
-		fmt.Fprintf(&b, "leader %s %s term %d\n", orDash(st.LeaderID), orDash(st.LeaderHTTP), st.Term)
-		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tRAFT\tHTTP\tVOTER\tLEADER")
-		for _, m := range st.Members {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\n", m.ID, m.RaftAddr, m.HTTPAddr, m.Voter, m.ID == st.LeaderID)
-		}
-		tw.Flush()
-		e.print(st, b.String())
-	case "add":
-		r, code := e.request(ctx, e.command("cluster add", "cluster add ID RAFTADDR HTTPADDR"), args, "ID", "RAFTADDR", "HTTPADDR")
-		if r == nil {
-			return code
-		}
-		defer r.cancel()
-		m := api.AddMemberRequest{ID: r.pos[0], RaftAddr: r.pos[1], HTTPAddr: r.pos[2]}
-		if err := r.api.AddMember(r.ctx, m); err != nil {
-			return e.fail(err, "cluster add "+r.pos[0])
-		}
-		e.print(m, "member "+r.pos[0]+" added")
-	case "remove":
-		r, code := e.request(ctx, e.command("cluster remove", "cluster remove ID"), args, "ID")
-		if r == nil {
-			return code
-		}
-		defer r.cancel()
-		if err := r.api.RemoveMember(r.ctx, r.pos[0]); err != nil {
-			return e.fail(err, "cluster remove "+r.pos[0])
-		}
-		e.print(map[string]any{"removed": r.pos[0]}, "member "+r.pos[0]+" removed")
-	case "transfer":
-		fs := e.command("cluster transfer", "cluster transfer [--to ID]")
-		to := fs.String("to", "", "member to hand the leadership to (default: the cluster picks)")
-		r, code := e.request(ctx, fs, args)
-		if r == nil {
-			return code
-		}
-		defer r.cancel()
-		if err := r.api.TransferLeadership(r.ctx, *to); err != nil {
-			return e.fail(err, "cluster transfer")
-		}
-		e.print(api.TransferRequest{To: *to}, "leadership transfer requested")
-	default:
-		return usageErr(e.stderr, fmt.Errorf("cluster: unknown subcommand %q (want status, add, remove or transfer)", sub))
-	}
-	return exitOK
+	return &request{api: a, ctx: rctx, cancel: cancel}, 0
 }

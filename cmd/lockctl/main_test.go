@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
 
 	"github.com/lockd/lockd/api"
@@ -68,7 +68,7 @@ func TestParseArgs(t *testing.T) {
 		{args: []string{}, pos: ""},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
-			fs := flag.NewFlagSet("t", flag.ContinueOnError)
+			fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
 			fs.SetOutput(io.Discard)
 			wait := fs.Duration("wait", 0, "")
 			pos, rest, err := parseArgs(fs, tc.args, tc.maxPos)

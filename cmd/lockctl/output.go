@@ -23,7 +23,7 @@ func exitCode(err error) int {
 		return exitNotAcquired
 	case errors.Is(err, client.ErrNotHolder), errors.Is(err, client.ErrSessionExpired):
 		return exitNotHolder
-	case errors.Is(err, client.ErrNoLeader):
+	case errors.Is(err, client.ErrNoLeader), errors.Is(err, client.ErrHTTPSRequired):
 		return exitNoLeader
 	}
 	var se *client.ServerError
@@ -55,6 +55,9 @@ func (e *env) describe(err error, what string) string {
 		return fmt.Sprintf("%s: unauthenticated: the cluster does not know this token (mistyped, or rotated out?)%s", what, msg)
 	case errors.Is(err, client.ErrPermissionDenied):
 		return fmt.Sprintf("%s: permission denied%s", what, msg)
+	case errors.Is(err, client.ErrHTTPSRequired):
+		where := strings.TrimSuffix(err.Error(), ": "+client.ErrHTTPSRequired.Error())
+		return fmt.Sprintf("%s: this member speaks HTTPS: use https:// endpoints, and --cacert with the members' CA (%s)", what, where)
 	case errors.Is(err, client.ErrNoLeader):
 		detail := strings.TrimPrefix(err.Error(), client.ErrNoLeader.Error()+": ")
 		if se != nil && se.API.Message != "" {

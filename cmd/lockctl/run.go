@@ -17,44 +17,95 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/lockd/lockd/client"
 )
 
 // forwarded are the signals lockctl run passes on to the command.
 var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
 
-func (e *env) run(ctx context.Context, args []string) int {
-	flags := e.command("run", "run NAME[,NAME...] [--ttl D] [--wait D] [--session-ttl 15s] [--grace 10s] [--shared] [--limit N] [--lock-delay D] [--value V] -- CMD [ARGS...]")
-	ttl := flags.Duration("ttl", 0, "lock TTL, renewed while CMD runs (default: none, the lock lives with the session)")
-	wait := flags.Duration("wait", 0, "how long to wait for the lock (0: try once)")
-	sessionTTL := flags.Duration("session-ttl", 15*time.Second, "session TTL: how long the cluster keeps the lock after lockctl stops answering")
-	grace := flags.Duration("grace", 10*time.Second, "after a lost lock, how long CMD has between SIGTERM and SIGKILL")
-	kf := addKindFlags(flags)
-	pos, rest, err := parseArgs(flags, args, 2)
-	if err == nil {
-		err = e.checkOutput()
+func (e *env) runCmd() *cobra.Command {
+	var ttl, wait, sessionTTL, grace time.Duration
+	var kf *kindFlags
+	c := &cobra.Command{
+		Use:   "run NAME[,NAME...] [--ttl D] [--wait D] [--session-ttl 15s] [--grace 10s] [--shared] [--limit N] [--lock-delay D] [--value V] -- CMD [ARGS...]",
+		Short: "hold a lock through a session while CMD runs (cron jobs)",
+		Long: `Hold NAME through a session while CMD runs. CMD inherits stdin, stdout and
+stderr, runs in its own process group, and gets LOCKD_LOCK,
+LOCKD_FENCING_TOKEN and (when the server signs grants) LOCKD_FENCING_PROOF
+in its environment: pass the token to whatever the job writes to.
+
+NAME,NAME holds several locks, taken in one step or none (a multi-lock);
+the variables are then comma-separated lists in name order, and losing any
+of the locks counts as losing the lock. The lock-kind flags are acquire's.
+
+Signals to lockctl (INT, TERM, HUP, QUIT, USR1, USR2) are passed on to CMD.
+If the lock is lost (the client's conservative local lease runs out, or the
+server ends the lock or the session), CMD's group gets SIGTERM at once and
+SIGKILL after --grace, and lockctl exits 3. Otherwise lockctl releases the
+lock and exits with CMD's exit code (128+N if CMD died of signal N).
+Without --ttl the lock lives as long as the session; with it, it is renewed.
+
+The first argument after NAME is CMD: lockctl's own flags come before it
+(or before "--").`,
+		Example: `  lockctl run reports/hourly --wait 0s -- /usr/local/bin/make-report
+  */5 * * * * lockctl run reports/hourly -- make-report   # in a crontab, on every host`,
+		// run parses its own flags: they end where CMD begins.
+		DisableFlagParsing: true,
+		Annotations:        map[string]string{stopAfter: "2"},
+		RunE: func(c *cobra.Command, args []string) error {
+			fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			fs.SetNormalizeFunc(normalizeFlag)
+			fs.AddFlagSet(c.Flags())
+			fs.AddFlagSet(c.InheritedFlags())
+			pos, rest, err := parseArgs(fs, args, 2)
+			if errors.Is(err, errHelp) {
+				return c.Help()
+			}
+			if err != nil {
+				return flagError(c, err)
+			}
+			if err := e.setup(c); err != nil {
+				return err
+			}
+			if len(pos) == 0 {
+				return errors.New("run: missing NAME")
+			}
+			argv := append(pos[1:], rest...)
+			if len(argv) == 0 {
+				return errors.New("run: missing CMD (lockctl run NAME -- CMD [ARGS...])")
+			}
+			// Several locks are one argument, NAME,NAME: the first argument
+			// after NAME is CMD.
+			names, err := lockNames(pos[:1])
+			if err == nil {
+				err = kf.check(len(names) > 1)
+			}
+			if err != nil {
+				return err
+			}
+			return status(e.run(c.Context(), names, argv, runFlags{ttl: ttl, wait: wait, sessionTTL: sessionTTL, grace: grace, kf: kf}))
+		},
 	}
-	if err == nil && len(pos) == 0 {
-		err = errors.New("run: missing NAME")
-	}
-	var argv, names []string
-	if err == nil {
-		argv = append(pos[1:], rest...)
-		if len(argv) == 0 {
-			err = errors.New("run: missing CMD (lockctl run NAME -- CMD [ARGS...])")
-		}
-	}
-	if err == nil {
-		// Several locks are one argument, NAME,NAME: the first argument
-		// after NAME is CMD.
-		names, err = lockNames(pos[:1])
-	}
-	if err == nil {
-		err = kf.check(len(names) > 1)
-	}
-	if err != nil {
-		return usageErr(e.stderr, err)
-	}
+	fs := c.Flags()
+	durationVar(fs, &ttl, "ttl", 0, "lock TTL, renewed while CMD runs (default: none, the lock lives with the session)")
+	durationVar(fs, &wait, "wait", 0, "how long to wait for the lock (0: try once)")
+	durationVar(fs, &sessionTTL, "session-ttl", 15*time.Second, "session TTL: how long the cluster keeps the lock after lockctl stops answering")
+	durationVar(fs, &grace, "grace", 10*time.Second, "after a lost lock, how long CMD has between SIGTERM and SIGKILL")
+	kf = addKindFlags(fs)
+	return c
+}
+
+// runFlags are run's flags.
+type runFlags struct {
+	ttl, wait, sessionTTL, grace time.Duration
+	kf                           *kindFlags
+}
+
+func (e *env) run(ctx context.Context, names, argv []string, f runFlags) int {
 	name := strings.Join(names, ",")
 	tc, err := e.tlsConfig()
 	if err != nil {
@@ -72,10 +123,10 @@ func (e *env) run(ctx context.Context, args []string) int {
 		err error
 	}
 	resCh := make(chan result, 1)
-	actx, cancel := context.WithTimeout(ctx, e.g.timeout+*wait)
+	actx, cancel := context.WithTimeout(ctx, e.g.timeout+f.wait)
 	defer cancel()
 	go func() {
-		c, ls, err := e.runAcquire(actx, tc, names, *ttl, *wait, *sessionTTL, kf.options())
+		c, ls, err := e.runAcquire(actx, tc, names, f.ttl, f.wait, f.sessionTTL, f.kf.options())
 		resCh <- result{c, ls, err}
 	}()
 	var r result
@@ -147,14 +198,14 @@ wait:
 		case <-lost:
 			lost = nil
 			lostErr = l.Err()
-			fmt.Fprintf(e.stderr, "lockctl: lost lock %s (token %s): %s; sent SIGTERM to %s, SIGKILL in %v\n", name, token, lostCause(lostErr), argv[0], *grace)
+			fmt.Fprintf(e.stderr, "lockctl: lost lock %s (token %s): %s; sent SIGTERM to %s, SIGKILL in %v\n", name, token, lostCause(lostErr), argv[0], f.grace)
 			_ = syscall.Kill(-pgid, syscall.SIGTERM)
-			t := time.NewTimer(*grace)
+			t := time.NewTimer(f.grace)
 			defer t.Stop()
 			killAfter = t.C
 		case <-killAfter:
 			killAfter = nil
-			fmt.Fprintf(e.stderr, "lockctl: %s still running %v after SIGTERM; sent SIGKILL\n", argv[0], *grace)
+			fmt.Fprintf(e.stderr, "lockctl: %s still running %v after SIGTERM; sent SIGKILL\n", argv[0], f.grace)
 			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		case s := <-sigCh:
 			_ = syscall.Kill(-pgid, s.(syscall.Signal))
@@ -177,7 +228,7 @@ wait:
 
 // runAcquire opens the session and takes the lock(s).
 func (e *env) runAcquire(ctx context.Context, tc *tls.Config, names []string, ttl, wait, sessionTTL time.Duration, opts []client.AcquireOption) (*client.Client, []*client.Lock, error) {
-	c, err := client.New(ctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL, Logger: e.logger(),
+	c, err := client.New(ctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL, Logger: e.logger(), DialTimeout: -1, // ctx bounds it (--timeout)
 		TLSConfig: tc, Token: e.g.token})
 	if err != nil {
 		return nil, nil, err

@@ -8,34 +8,51 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/spf13/cobra"
+
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/client"
 )
 
-func (e *env) snapshot(ctx context.Context, args []string) int {
-	if len(args) == 0 {
-		return usageErr(e.stderr, fmt.Errorf("snapshot: want save FILE or restore FILE"))
+func (e *env) snapshotCmd() *cobra.Command {
+	c := group(&cobra.Command{
+		Use:   "snapshot",
+		Short: "save and restore backups (admin token)",
+	}, "save FILE or restore FILE")
+	save := &cobra.Command{
+		Use:   "save FILE",
+		Short: "write a backup of every lock, waiter, session and the token counter to FILE",
+		Long: `Write a backup of every lock, waiter, session and the token counter to
+FILE, from the leader (a linearizable read; admin token). It is written to
+a temporary file beside FILE (mode 0600: it holds session ids), synced, then
+renamed over FILE, so FILE is always either the old file or a whole backup;
+prints the bytes written. --timeout bounds the whole transfer.`,
+		Args: positional("FILE"),
+		RunE: func(c *cobra.Command, args []string) error {
+			return status(e.snapshotSave(c.Context(), args[0]))
+		},
 	}
-	switch sub, args := args[0], args[1:]; sub {
-	case "save":
-		fs := e.command("snapshot save", "snapshot save FILE")
-		pos, code, ok := e.parse(fs, args, "FILE")
-		if !ok {
-			return code
-		}
-		return e.snapshotSave(ctx, pos[0])
-	case "restore":
-		fs := e.command("snapshot restore", "snapshot restore FILE [--force] [--min-token N]")
-		force := fs.Bool("force", false, "replace the state of a cluster that already holds locks, sessions or tokens")
-		minToken := fs.Uint64("min-token", 0, "raise the restored token counter to at least N: every new token is above N (for a backup older than the last token issued)")
-		pos, code, ok := e.parse(fs, args, "FILE")
-		if !ok {
-			return code
-		}
-		return e.snapshotRestore(ctx, pos[0], *force, *minToken)
-	default:
-		return usageErr(e.stderr, fmt.Errorf("snapshot: unknown subcommand %q (want save or restore)", sub))
+	var force bool
+	var minToken uint64
+	restore := &cobra.Command{
+		Use:   "restore FILE [--force] [--min-token N]",
+		Short: "load a backup into a fresh cluster (admin token)",
+		Long: `Load a backup into a fresh cluster (admin token). A cluster that holds any
+state (locks, sessions or issued tokens) is refused unless --force, which
+replaces it. Tokens never go down; --min-token N raises the counter to at
+least N, so every new token is above N: for a backup older than the last
+token issued (pass the highest token in use, e.g. the highest a fencing
+resource server accepted). The file is read in place, not into memory;
+--timeout bounds the whole transfer.`,
+		Args: positional("FILE"),
+		RunE: func(c *cobra.Command, args []string) error {
+			return status(e.snapshotRestore(c.Context(), args[0], force, minToken))
+		},
 	}
+	restore.Flags().BoolVar(&force, "force", false, "replace the state of a cluster that already holds locks, sessions or tokens")
+	restore.Flags().Uint64Var(&minToken, "min-token", 0, "raise the restored token counter to at least `N`: every new token is above N (for a backup older than the last token issued)")
+	c.AddCommand(save, restore)
+	return c
 }
 
 // snapshotSave streams the backup into a temporary file beside path, syncs

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -13,6 +12,8 @@ import (
 	"syscall"
 	"time"
 	"unicode/utf8"
+
+	"github.com/spf13/cobra"
 
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/client"
@@ -76,7 +77,7 @@ func (e *env) openClient(ctx context.Context, sessionTTL time.Duration, what str
 	}
 	cctx, cancel := e.ctx(ctx, 0)
 	defer cancel()
-	c, err = client.New(cctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL,
+	c, err = client.New(cctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL, DialTimeout: -1, // ctx bounds it (--timeout)
 		Logger: e.logger(), TLSConfig: tc, Token: e.g.token})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -87,28 +88,42 @@ func (e *env) openClient(ctx context.Context, sessionTTL time.Duration, what str
 	return c, 0
 }
 
-func (e *env) watch(ctx context.Context, args []string) int {
-	fs := e.command("watch", "watch NAME | watch --prefix P")
-	prefix := fs.String("prefix", "", "watch every lock whose name starts with P")
-	pos, rest, err := parseArgs(fs, args, 0)
-	if err == nil {
-		err = e.checkOutput()
+func (e *env) watchCmd() *cobra.Command {
+	var prefix string
+	c := &cobra.Command{
+		Use:   "watch NAME | watch --prefix P",
+		Short: "print each change of a lock, or of every lock under a prefix, as it commits",
+		Long: `Print each change of lock NAME (first its current state), or of every lock
+under P (first those held, awaited or delayed now), as it commits: one line
+per change — lock, index, held or free, holder, token, mode, waiters, value
+(-o json: one object a line: lock, index, status). A state read again after
+a reconnect, into which changes made meanwhile may be folded, ends in
+"resync" (JSON "resync": true). Follows leader changes; runs until SIGINT
+or SIGTERM (exit 0). It opens a session for its WebSocket; it holds no lock.`,
+		Example: `  lockctl watch jobs/nightly
+  lockctl watch --prefix jobs/ -o json`,
+		Args: func(c *cobra.Command, args []string) error {
+			prefixSet := c.Flags().Changed("prefix")
+			switch {
+			case prefixSet && len(args) > 0:
+				return fmt.Errorf("watch: NAME or --prefix, not both")
+			case !prefixSet && len(args) == 0:
+				return errors.New("watch: missing NAME (or --prefix P)")
+			case len(args) > 1:
+				return fmt.Errorf("watch: unexpected argument %q", args[1])
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			return status(e.watch(c.Context(), args, c.Flags().Changed("prefix"), prefix))
+		},
 	}
-	pos = append(pos, rest...)
-	prefixSet := false
-	fs.Visit(func(f *flag.Flag) { prefixSet = prefixSet || f.Name == "prefix" })
-	switch {
-	case err != nil:
-	case prefixSet && len(pos) > 0:
-		err = fmt.Errorf("watch: NAME or --prefix, not both")
-	case !prefixSet && len(pos) == 0:
-		err = errors.New("watch: missing NAME (or --prefix P)")
-	case len(pos) > 1:
-		err = fmt.Errorf("watch: unexpected argument %q", pos[1])
-	}
-	if err != nil {
-		return usageErr(e.stderr, err)
-	}
+	c.Flags().StringVar(&prefix, "prefix", "", "watch every lock whose name starts with `P`")
+	return c
+}
+
+func (e *env) watch(ctx context.Context, pos []string, prefixSet bool, prefix string) int {
+	var err error
 	ctx, stop := signal.NotifyContext(ctx, stopSignals...)
 	defer stop()
 	what := "watch " + strings.Join(pos, "")
@@ -119,8 +134,8 @@ func (e *env) watch(ctx context.Context, args []string) int {
 	defer c.Close()
 	var ch <-chan client.WatchEvent
 	if prefixSet {
-		what = fmt.Sprintf("watch --prefix %q", *prefix)
-		ch, err = c.WatchPrefix(ctx, *prefix)
+		what = fmt.Sprintf("watch --prefix %q", prefix)
+		ch, err = c.WatchPrefix(ctx, prefix)
 	} else {
 		ch, err = c.Watch(ctx, pos[0])
 	}
@@ -153,41 +168,61 @@ func leaderText(value, clientID string) string {
 	return value
 }
 
-func (e *env) elect(ctx context.Context, args []string) int {
-	fs := e.command("elect", "elect NAME VALUE [--session-ttl 15s] | elect NAME --listen")
-	listen := fs.Bool("listen", false, "never campaign: print the current leader's value, then each new leader's")
-	sessionTTL := fs.Duration("session-ttl", 15*time.Second, "session TTL: how long the cluster keeps the leadership after lockctl stops answering")
-	pos, rest, err := parseArgs(fs, args, 0)
-	if err == nil {
-		err = e.checkOutput()
+func (e *env) electCmd() *cobra.Command {
+	var listen bool
+	var sessionTTL time.Duration
+	c := &cobra.Command{
+		Use:   "elect NAME VALUE [--session-ttl 15s] | elect NAME --listen",
+		Short: "campaign in an election and lead until stopped; or --listen: print each leader",
+		Long: `elect NAME VALUE campaigns in election NAME (a lock: candidates queue in
+order); once elected it prints VALUE (-o json: lock, value, client_id,
+fencing_token) and leads until SIGINT or SIGTERM, then resigns (the next
+candidate leads at once) and exits 0. If the leadership is lost (the session
+expired, the lock was revoked) it exits 3; a session lost while campaigning
+campaigns again. --session-ttl: how long the cluster keeps the leadership of
+a lockctl that stopped answering.
+
+elect NAME --listen never campaigns: it prints the current leader's value,
+then each new leader's (and each value it proclaims), one a line (a leader
+without a value prints client_id=ID); -o json adds client_id and
+fencing_token. Until SIGINT/SIGTERM.`,
+		Example: `  lockctl elect scheduler "$(hostname):8080"
+  lockctl elect scheduler --listen`,
+		Args: func(c *cobra.Command, pos []string) error {
+			switch {
+			case len(pos) == 0:
+				return errors.New("elect: missing NAME")
+			case listen && len(pos) > 1:
+				return fmt.Errorf("elect: --listen takes no VALUE (got %q)", pos[1])
+			case !listen && len(pos) == 1:
+				return errors.New("elect: missing VALUE (or --listen)")
+			case len(pos) > 2:
+				return fmt.Errorf("elect: unexpected argument %q", pos[2])
+			case !listen && (len(pos[1]) > api.MaxValueBytes || !utf8.ValidString(pos[1])):
+				return fmt.Errorf("elect: VALUE: want valid UTF-8 of at most %d bytes (got %d bytes)", api.MaxValueBytes, len(pos[1]))
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, pos []string) error {
+			return status(e.elect(c.Context(), pos, listen, sessionTTL))
+		},
 	}
-	pos = append(pos, rest...)
-	switch {
-	case err != nil:
-	case len(pos) == 0:
-		err = errors.New("elect: missing NAME")
-	case *listen && len(pos) > 1:
-		err = fmt.Errorf("elect: --listen takes no VALUE (got %q)", pos[1])
-	case !*listen && len(pos) == 1:
-		err = errors.New("elect: missing VALUE (or --listen)")
-	case len(pos) > 2:
-		err = fmt.Errorf("elect: unexpected argument %q", pos[2])
-	case !*listen && (len(pos[1]) > api.MaxValueBytes || !utf8.ValidString(pos[1])):
-		err = fmt.Errorf("elect: VALUE: want valid UTF-8 of at most %d bytes (got %d bytes)", api.MaxValueBytes, len(pos[1]))
-	}
-	if err != nil {
-		return usageErr(e.stderr, err)
-	}
+	c.Flags().BoolVar(&listen, "listen", false, "never campaign: print the current leader's value, then each new leader's")
+	durationVar(c.Flags(), &sessionTTL, "session-ttl", 15*time.Second, "session TTL: how long the cluster keeps the leadership after lockctl stops answering")
+	return c
+}
+
+func (e *env) elect(ctx context.Context, pos []string, listen bool, sessionTTL time.Duration) int {
 	name := pos[0]
 	ctx, stop := signal.NotifyContext(ctx, stopSignals...)
 	defer stop()
-	c, code := e.openClient(ctx, *sessionTTL, "election "+name)
+	c, code := e.openClient(ctx, sessionTTL, "election "+name)
 	if c == nil {
 		return code
 	}
 	defer c.Close()
 	el := client.NewElection(c, name)
-	if *listen {
+	if listen {
 		return e.listen(ctx, el)
 	}
 
