@@ -441,6 +441,8 @@ type fifoRound struct {
 	first    map[string]int64
 	waitMs   map[string]int64
 	grantAt  map[string]int64
+	grantInv map[string]int64 // invoke of the acquire that returned the grant
+	unknown  map[string]int64 // first invoke of an acquire of unknown outcome
 	token    map[string]uint64
 	grantOp  map[string]int
 	confirms []Op
@@ -461,7 +463,8 @@ func checkFIFO(h History, r *Report, v *violations) {
 		fr, ok := rounds[id]
 		if !ok {
 			fr = &fifoRound{waiters: map[int]string{}, first: map[string]int64{}, waitMs: map[string]int64{},
-				grantAt: map[string]int64{}, token: map[string]uint64{}, grantOp: map[string]int{}}
+				grantAt: map[string]int64{}, grantInv: map[string]int64{}, unknown: map[string]int64{},
+				token: map[string]uint64{}, grantOp: map[string]int{}}
 			rounds[id] = fr
 		}
 		return fr
@@ -490,7 +493,12 @@ func checkFIFO(h History, r *Report, v *violations) {
 			}
 			if op.Outcome == Ok {
 				if t, ok := fr.grantAt[c]; !ok || op.Return < t {
-					fr.grantAt[c], fr.token[c], fr.grantOp[c] = op.Return, op.OutToken, op.ID
+					fr.grantAt[c], fr.grantInv[c], fr.token[c], fr.grantOp[c] = op.Return, op.Invoke, op.OutToken, op.ID
+				}
+			}
+			if oc, keep := modelOutcome(op); keep && oc == Unknown {
+				if t, ok := fr.unknown[c]; !ok || op.Invoke < t {
+					fr.unknown[c] = op.Invoke
 				}
 			}
 		}
@@ -544,6 +552,13 @@ func checkFIFO(h History, r *Report, v *violations) {
 			deadline := fr.first[wi] + int64(time.Duration(fr.waitMs[wi])*time.Millisecond) - int64(clockMargin(0))
 			if fr.grantAt[wi] >= deadline {
 				continue // it may have timed out and queued again at the back
+			}
+			if t, ok := fr.unknown[wi]; ok && t < fr.grantInv[wi] {
+				// An earlier acquire whose answer never came may have been
+				// granted, the grant lost by its TTL unbeknown to the
+				// waiter, and the retry queued again at the back: the grant
+				// acknowledged is then not its first.
+				continue
 			}
 			for b := i + 1; b <= n; b++ {
 				proven := false

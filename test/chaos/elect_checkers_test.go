@@ -527,6 +527,7 @@ func checkWatchFinal(h History, watches map[wkey]*watchRec, r *Report, v *violat
 	if marker == nil {
 		return
 	}
+	ds := disturbances(h, quietFaults)
 	keys := make([]wkey, 0, len(watches))
 	for k := range watches {
 		keys = append(keys, k)
@@ -536,8 +537,9 @@ func checkWatchFinal(h History, watches map[wkey]*watchRec, r *Report, v *violat
 	})
 	for _, k := range keys {
 		wr := watches[k]
-		if wr.stop == nil || wr.start == nil || wr.stop.Return < marker.Return+int64(watchFinalBound)-int64(100*time.Millisecond) {
-			continue
+		if wr.stop == nil || wr.start == nil || wr.stop.Return < marker.Return+int64(watchFinalBound)-int64(100*time.Millisecond) ||
+			len(overlapping(ds, marker.Return, wr.stop.Return)) > 0 {
+			continue // not running to the end, or the harness stood still meanwhile
 		}
 		lastOf := map[string]Op{}
 		for _, f := range wr.frames {

@@ -248,6 +248,36 @@ func TestCheckerCatchesFIFOViolation(t *testing.T) {
 	}
 }
 
+// TestCheckerFIFOExcusesAGrantLostUnbeknown: W1 and W2 proven queued (W1
+// first); W1's acquire is answered 503 (outcome unknown) when the leader
+// that queued it is deposed; W2 holds next, and W1's retry is granted
+// after it. W1 may well have been granted first (the holder's release took
+// effect), never told, its TTL run out, and its retry queued at the back:
+// no FIFO violation. Found by the 10-minute soak (seed 849351, round 765:
+// a pause-leader fault between the holder's release and the grant).
+func TestCheckerFIFOExcusesAGrantLostUnbeknown(t *testing.T) {
+	var b hb
+	b.grant("F", "h", 0, 10, 1, 8000).Tag = "fifo:1:holder"
+	w1 := b.acquireOutcome("F", "w1", 20, 2700, 2000, Unknown, "no_leader")
+	w1.WaitMs, w1.Tag = 15000, "fifo:1:w1"
+	c1 := b.read("F", 30, 40, "h", 1)
+	c1.Waiters, c1.Tag = 1, "fifo:1:confirm"
+	w2 := b.acquireOutcome("F", "w2", 50, 2700, 2000, Unknown, "no_leader")
+	w2.WaitMs, w2.Tag = 15000, "fifo:1:w2"
+	c2 := b.read("F", 60, 70, "h", 1)
+	c2.Waiters, c2.Tag = 2, "fifo:1:confirm"
+	b.release("F", "h", 1, 100, 2600, Unknown, "")
+	b.read("F", 2800, 2810, "w2", 4)
+	b.release("F", "h", 1, 2900, 2910, Ok, "")
+	w2r := b.grant("F", "w2", 2920, 2930, 4, 2000)
+	w2r.WaitMs, w2r.Tag, w2r.Attempt = 15000, "fifo:1:w2", w2.Attempt
+	w1r := b.grant("F", "w1", 2950, 3100, 5, 2000)
+	w1r.WaitMs, w1r.Tag, w1r.Attempt = 15000, "fifo:1:w1", w1.Attempt
+	b.release("F", "w2", 4, 3000, 3010, Ok, "")
+	b.release("F", "w1", 5, 3200, 3210, Ok, "")
+	clean(t, check(t, b.history()))
+}
+
 // TestCheckerFIFONeedsProof: without a read proving both were queued,
 // swapped grants are not a FIFO violation (the second may have been
 // enqueued first).

@@ -170,6 +170,22 @@ func TestCheckerCatchesUnansweredWait(t *testing.T) {
 	}
 }
 
+// TestCheckerExcusesAHarnessStall: the same unanswered wait, but the test
+// process stood still (a harness-stall, recorded by watchStalls) from
+// 0.9 s to 2.2 s — its clients and Raft proxies with it: the wait proves
+// nothing.
+func TestCheckerExcusesAHarnessStall(t *testing.T) {
+	var b hb
+	b.grant("L", "h", 0, 10, 1, 60000)
+	wt := b.acquireOutcome("L", "w", 100, 2105, 3000, Unknown, "")
+	wt.WaitMs, wt.GaveUp, wt.Err = 1000, true, "no answer from the leader within the wait"
+	h := b.historyET()
+	h.Faults = []Fault{{Kind: FaultStall, Start: msT(900), End: msT(2100), Healed: msT(2100), Healthy: msT(2100)}}
+	clean(t, check(t, h))
+	h.Faults = nil
+	flagged(t, check(t, h), "waiter-told")
+}
+
 // TestCheckerCatchesLateLost: a Go client holds L (token 1, TTL 1 s) and
 // walks away; the server grants L to b, acknowledged at 1.05 s. Lost()
 // must have closed by then: closing at 0.99 s is right, at 1.2 s is a

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"runtime/metrics"
 	"strings"
 	"sync"
 	"time"
@@ -34,7 +36,87 @@ const (
 	FaultKillLeaderFast = "kill-leader-now" // SIGKILL the leader and restart it at once (crash loop)
 	FaultTermLeader     = "term-leader"     // SIGTERM the leader (graceful: hands leadership over), restart it
 	FaultBadMember      = "bad-member"      // POST /api/v1/cluster/members with a body no member may accept
+	// FaultStall is not injected: it records a stretch in which the test
+	// process itself did not run (see watchStalls). Its Raft proxies and
+	// clients stood still too, so it disturbs the cluster like a fault.
+	FaultStall = "harness-stall"
 )
+
+// stallGap is how late the stall watcher's 50 ms tick must come to count
+// as a stall of the test process.
+const stallGap = 300 * time.Millisecond
+
+// watchStalls records, until ctx ends, every stretch in which the test
+// process did not run for stallGap or more (a tick of a 50 ms ticker came
+// that late): a FaultStall. On a loaded machine the process that carries
+// every client and every Raft link can stop for a second; the liveness
+// checkers then excuse what it delayed, as for an injected fault.
+func watchStalls(ctx context.Context, rec *Recorder) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	// The Go runtime's own account of the stretch, for the reader: GC
+	// cycles, the longest GC pause and the longest wait of a runnable
+	// goroutine for a CPU (a starved process) since the last tick.
+	samples := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/sched/pauses/total/gc:seconds"},
+		{Name: "/sched/latencies:seconds"}}
+	metrics.Read(samples)
+	prev := snapshotStall(samples)
+	last := rec.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := rec.Now()
+		metrics.Read(samples)
+		cur := snapshotStall(samples)
+		if time.Duration(now-last) >= stallGap {
+			rec.AddFault(Fault{Kind: FaultStall, Start: last, End: now, Healed: now, Healthy: now,
+				Detail: fmt.Sprintf("the test process did not run for %s (Go runtime: %d GC cycles, longest GC pause ≤ %s, longest wait for a CPU ≤ %s)",
+					time.Duration(now-last).Round(time.Millisecond), cur.cycles-prev.cycles,
+					maxNewBucket(prev.pauses, cur.pauses, samples[1]), maxNewBucket(prev.lat, cur.lat, samples[2]))})
+		}
+		prev, last = cur, now
+	}
+}
+
+type stallSnapshot struct {
+	cycles      uint64
+	pauses, lat []uint64
+}
+
+func snapshotStall(s []metrics.Sample) stallSnapshot {
+	out := stallSnapshot{}
+	if s[0].Value.Kind() == metrics.KindUint64 {
+		out.cycles = s[0].Value.Uint64()
+	}
+	if s[1].Value.Kind() == metrics.KindFloat64Histogram {
+		out.pauses = append([]uint64(nil), s[1].Value.Float64Histogram().Counts...)
+	}
+	if s[2].Value.Kind() == metrics.KindFloat64Histogram {
+		out.lat = append([]uint64(nil), s[2].Value.Float64Histogram().Counts...)
+	}
+	return out
+}
+
+// maxNewBucket is the upper bound of the highest histogram bucket that
+// gained counts between two snapshots ("-" for none).
+func maxNewBucket(prev, cur []uint64, s metrics.Sample) string {
+	if s.Value.Kind() != metrics.KindFloat64Histogram || len(prev) != len(cur) {
+		return "-"
+	}
+	b := s.Value.Float64Histogram().Buckets
+	for i := len(cur) - 1; i >= 0; i-- {
+		if cur[i] > prev[i] && i+1 < len(b) {
+			if math.IsInf(b[i+1], 1) {
+				return fmt.Sprintf("∞ (above %s)", time.Duration(b[i]*float64(time.Second)))
+			}
+			return time.Duration(b[i+1] * float64(time.Second)).Round(time.Microsecond).String()
+		}
+	}
+	return "-"
+}
 
 // AllFaults is every kind, in the order a schedule cycles through them
 // before shuffling.

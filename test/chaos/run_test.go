@@ -100,6 +100,13 @@ func runChaos(t *testing.T, cfg runConfig) {
 	}
 	begin := time.Now()
 	rec := NewRecorder()
+	sctx, stopStalls := context.WithCancel(context.Background())
+	stalls := make(chan struct{})
+	go func() {
+		defer close(stalls)
+		watchStalls(sctx, rec)
+	}()
+	defer func() { stopStalls(); <-stalls }()
 	fence := StartFencestore(t)
 	cluster := StartCluster(t, ClusterOptions{Members: cfg.Members, Spares: 1, Seed: cfg.Seed,
 		Extra: append([]string{"--snapshot-threshold", "200", "--snapshot-interval", "1s", "--trailing-logs", "100",
@@ -176,6 +183,8 @@ func runChaos(t *testing.T, cfg runConfig) {
 			Outcome: Fail, Err: what})
 	}
 
+	stopStalls()
+	<-stalls
 	h := rec.History()
 	h.Seed, h.Members, h.Duration = cfg.Seed, cfg.Members, cfg.Duration.String()
 	h.ElectionTimeoutMs = et.Milliseconds()
