@@ -433,42 +433,25 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 	cmd := kinds
 	cmd.Op, cmd.Lock, cmd.ClientID, cmd.SessionID = locktable.OpAcquire, name, req.ClientID, req.SessionID
 	cmd.TTLms, cmd.WaitMs, cmd.Owner = ttl, wait, who.Name
-	deadline := time.Now().Add(time.Duration(wait) * time.Millisecond)
-	for {
-		var sub *notify.Sub
-		if wait > 0 {
-			sub = h.b.Subscribe(req.ClientID) // before proposing: no grant can slip past
-		}
-		res, err := h.b.Propose(r.Context(), cmd)
-		if err != nil {
-			closeSub(sub)
-			reject(err)
-			return
-		}
-		switch {
-		case res.Granted:
-			closeSub(sub)
-			outcome = "granted"
+	outcome = h.acquireLoop(w, r, cmd, []string{name}, acquireAnswers{
+		granted: func(res locktable.Result) {
 			writeJSON(w, 200, h.grantReply(name, req.ClientID, res.Token, res.Mode, res.ExpiresAt))
-			return
-		case res.Code != locktable.OK:
-			closeSub(sub)
+		},
+		refused: func(res locktable.Result) string {
 			e := resultError(res, name)
-			if res.Code == locktable.CodeLockHeld {
-				code, msg := errorCode(e)
-				outcome = code
-				writeJSON(w, 409, lockHeldReply{Holder: res.Holder, Error: &api.Error{Code: code, Message: msg}})
-				return
+			if res.Code != locktable.CodeLockHeld {
+				return writeErrorCode(w, e)
 			}
-			reject(e)
-			return
-		}
-		if wait == 0 {
-			// A try by a client whose earlier wait is queued on this lock:
-			// the state machine keeps that wait's place and answers Queued.
-			// The try cannot be granted now, so it is lock_held naming the
-			// holder, at once; the earlier wait is untouched and answers for
-			// itself. (Granted meanwhile, to this very wait: say so.)
+			code, msg := errorCode(e)
+			writeJSON(w, 409, lockHeldReply{Holder: res.Holder, Error: &api.Error{Code: code, Message: msg}})
+			return code
+		},
+		// A try by a client whose earlier wait is queued on this lock: the
+		// state machine keeps that wait's place and answers Queued. The try
+		// cannot be granted now, so it is lock_held naming the holder, at
+		// once; the earlier wait is untouched and answers for itself.
+		// (Granted meanwhile, to this very wait: say so.)
+		tryQueued: func() string {
 			var li locktable.LockInfo
 			var mine locktable.Holder
 			var held bool
@@ -477,27 +460,15 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 				mine, held = holding(t, name, req.ClientID)
 			})
 			if held {
-				outcome = "granted"
 				writeJSON(w, 200, h.grantReply(name, req.ClientID, mine.Token, mine.Mode, mine.ExpiresAt))
-				return
+				return "granted"
 			}
-			outcome = api.CodeLockHeld
 			writeJSON(w, 409, lockHeldReply{Holder: li.ClientID,
 				Error: &api.Error{Code: api.CodeLockHeld, Message: "lock " + name + " is held by " + li.ClientID +
 					"; the earlier wait of this client keeps its place in the queue"}})
-			return
-		}
-		// Queued: wait for the committed hand-off.
-		var retry bool
-		retry, outcome = h.awaitGrant(w, r, sub, []string{name}, req.ClientID, deadline, queuedDeadline(res, req.ClientID))
-		closeSub(sub)
-		if !retry {
-			return
-		}
-		// The event stream overflowed: re-propose the (idempotent) acquire to
-		// learn where we stand, keeping the queue place.
-		cmd.WaitMs = max(time.Until(deadline).Milliseconds(), 1)
-	}
+			return api.CodeLockHeld
+		},
+	})
 }
 
 func closeSub(s *notify.Sub) {

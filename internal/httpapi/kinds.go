@@ -113,58 +113,86 @@ func (h *Handler) acquireMany(w http.ResponseWriter, r *http.Request) {
 	cmd := kinds
 	cmd.Op, cmd.Locks, cmd.ClientID, cmd.SessionID = locktable.OpAcquire, names, req.ClientID, req.SessionID
 	cmd.TTLms, cmd.WaitMs, cmd.Owner = ttl, wait, who.Name
-	deadline := time.Now().Add(time.Duration(wait) * time.Millisecond)
-	for {
-		var sub *notify.Sub
-		if wait > 0 {
-			sub = h.b.Subscribe(req.ClientID) // before proposing: no grant can slip past
-		}
-		res, err := h.b.Propose(r.Context(), cmd)
-		if err != nil {
-			closeSub(sub)
-			reject(err)
-			return
-		}
-		switch {
-		case res.Granted:
-			closeSub(sub)
-			outcome = "granted"
-			writeJSON(w, 200, h.grantsReply(req.ClientID, res.Grants))
-			return
-		case res.Code == locktable.CodeLockHeld:
-			closeSub(sub)
-			e := stateError(res.Code, res.Lock, res.Holder)
-			code, msg := errorCode(e)
-			outcome = code
-			writeJSON(w, 409, lockHeldReply{Lock: res.Lock, Holder: res.Holder, Error: &api.Error{Code: code, Message: msg}})
-			return
-		case res.Code != locktable.OK:
-			closeSub(sub)
+	outcome = h.acquireLoop(w, r, cmd, names, acquireAnswers{
+		granted: func(res locktable.Result) { writeJSON(w, 200, h.grantsReply(req.ClientID, res.Grants)) },
+		refused: func(res locktable.Result) string {
+			if res.Code == locktable.CodeLockHeld {
+				code, msg := errorCode(stateError(res.Code, res.Lock, res.Holder))
+				writeJSON(w, 409, lockHeldReply{Lock: res.Lock, Holder: res.Holder, Error: &api.Error{Code: code, Message: msg}})
+				return code
+			}
 			lock := res.Lock
 			if lock == "" {
 				lock = strings.Join(names, ", ")
 			}
-			reject(resultError(res, lock))
-			return
-		}
-		if wait == 0 {
-			// A try by a client whose earlier multi-acquire of the same locks
-			// waits: that wait keeps its place and answers for itself.
-			closeSub(sub)
-			outcome = api.CodeLockHeld
+			return writeErrorCode(w, resultError(res, lock))
+		},
+		// A try by a client whose earlier multi-acquire of the same locks
+		// waits: that wait keeps its place and answers for itself.
+		tryQueued: func() string {
 			writeJSON(w, 409, lockHeldReply{Lock: names[0],
 				Error: &api.Error{Code: api.CodeLockHeld, Message: "locks " + strings.Join(names, ", ") +
 					" are not free; the earlier wait of this client keeps its place in their queues"}})
-			return
+			return api.CodeLockHeld
+		},
+	})
+}
+
+// acquireAnswers are the replies of one kind of acquire (one lock, or a
+// multi-acquire) for acquireLoop; refused and tryQueued return the
+// outcome for metrics.
+type acquireAnswers struct {
+	granted   func(res locktable.Result)
+	refused   func(res locktable.Result) string
+	tryQueued func() string // a try that found this client's earlier wait queued
+}
+
+// acquireLoop proposes an acquire and answers it: at once when the state
+// machine grants or refuses it, after the committed hand-off (or the end
+// of the wait) when it queued. It subscribes to the client's events before
+// proposing, so no grant can slip past; if the event stream overflowed, it
+// re-proposes the idempotent acquire to learn where the wait stands,
+// keeping its queue places. It returns the outcome for metrics.
+func (h *Handler) acquireLoop(w http.ResponseWriter, r *http.Request, cmd locktable.Command, names []string, a acquireAnswers) string {
+	wait := cmd.WaitMs
+	deadline := time.Now().Add(time.Duration(wait) * time.Millisecond)
+	for {
+		var sub *notify.Sub
+		if wait > 0 {
+			sub = h.b.Subscribe(cmd.ClientID)
 		}
-		var retry bool
-		retry, outcome = h.awaitGrant(w, r, sub, names, req.ClientID, deadline, queuedDeadline(res, req.ClientID))
+		res, err := h.b.Propose(r.Context(), cmd)
+		if err != nil {
+			closeSub(sub)
+			return writeErrorCode(w, err)
+		}
+		switch {
+		case res.Granted:
+			closeSub(sub)
+			a.granted(res)
+			return "granted"
+		case res.Code != locktable.OK:
+			closeSub(sub)
+			return a.refused(res)
+		}
+		if wait == 0 {
+			closeSub(sub)
+			return a.tryQueued()
+		}
+		retry, outcome := h.awaitGrant(w, r, sub, names, cmd.ClientID, deadline, queuedDeadline(res, cmd.ClientID))
 		closeSub(sub)
 		if !retry {
-			return
+			return outcome
 		}
 		cmd.WaitMs = max(time.Until(deadline).Milliseconds(), 1)
 	}
+}
+
+// writeErrorCode writes err's reply and returns its code.
+func writeErrorCode(w http.ResponseWriter, err error) string {
+	code, _ := errorCode(err)
+	writeError(w, err)
+	return code
 }
 
 // lockHeldReply is a 409 lock_held reply: unlike api.AcquireReply it
