@@ -861,6 +861,18 @@ func (wc *wsConn) watch(req api.WSRequest) error {
 	}
 	wc.watches[id] = w
 	wc.mu.Unlock()
+	// The initial state is a read like any other: linearizable, so a
+	// leader that was paused and deposed meanwhile cannot show a watcher a
+	// state older than what the new leader has committed (an observer
+	// would see leaders go backwards). It confirms leadership with a quorum
+	// first, or the watch fails with not_leader.
+	if err := wc.h.b.ReadIndex(wc.ctx); err != nil {
+		wc.mu.Lock()
+		delete(wc.watches, id)
+		wc.mu.Unlock()
+		w.Close()
+		return err
+	}
 	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, WatchID: id})
 	seen := wc.initialState(id, req)
 	wc.work.Add(1)
