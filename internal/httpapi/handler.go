@@ -411,25 +411,10 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 		reject(err)
 		return
 	}
-	if h.routeToLeader(w, r) {
+	if !h.leaderWithSession(w, r, who, req.SessionID, reject) {
 		return
 	}
-	if req.SessionID != "" {
-		if err := h.sessionAccess(who, req.SessionID); err != nil {
-			reject(err)
-			return
-		}
-	}
-	var ttl, wait int64
-	switch {
-	case req.TTLms != nil:
-		ttl = *req.TTLms
-	case req.SessionID == "":
-		ttl = api.DefaultLockTTLms
-	}
-	if req.WaitTimeoutMs != nil {
-		wait = *req.WaitTimeoutMs
-	}
+	ttl, wait := acquireTimes(req.TTLms, req.WaitTimeoutMs, req.SessionID)
 	cmd := kinds
 	cmd.Op, cmd.Lock, cmd.ClientID, cmd.SessionID = locktable.OpAcquire, name, req.ClientID, req.SessionID
 	cmd.TTLms, cmd.WaitMs, cmd.Owner = ttl, wait, who.Name

@@ -91,25 +91,10 @@ func (h *Handler) acquireMany(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if h.routeToLeader(w, r) {
+	if !h.leaderWithSession(w, r, who, req.SessionID, reject) {
 		return
 	}
-	if req.SessionID != "" {
-		if err := h.sessionAccess(who, req.SessionID); err != nil {
-			reject(err)
-			return
-		}
-	}
-	var ttl, wait int64
-	switch {
-	case req.TTLms != nil:
-		ttl = *req.TTLms
-	case req.SessionID == "":
-		ttl = api.DefaultLockTTLms
-	}
-	if req.WaitTimeoutMs != nil {
-		wait = *req.WaitTimeoutMs
-	}
+	ttl, wait := acquireTimes(req.TTLms, req.WaitTimeoutMs, req.SessionID)
 	cmd := kinds
 	cmd.Op, cmd.Locks, cmd.ClientID, cmd.SessionID = locktable.OpAcquire, names, req.ClientID, req.SessionID
 	cmd.TTLms, cmd.WaitMs, cmd.Owner = ttl, wait, who.Name
@@ -136,6 +121,37 @@ func (h *Handler) acquireMany(w http.ResponseWriter, r *http.Request) {
 			return api.CodeLockHeld
 		},
 	})
+}
+
+// leaderWithSession routes an acquire to the leader and checks the
+// caller's access to the session it names; false when it answered.
+func (h *Handler) leaderWithSession(w http.ResponseWriter, r *http.Request, who auth.Identity, session string, reject func(error)) bool {
+	if h.routeToLeader(w, r) {
+		return false
+	}
+	if session != "" {
+		if err := h.sessionAccess(who, session); err != nil {
+			reject(err)
+			return false
+		}
+	}
+	return true
+}
+
+// acquireTimes applies the SPEC's defaults to an acquire's ttl_ms and
+// wait_timeout_ms: 30 s without a session, no TTL of its own with one;
+// no wait.
+func acquireTimes(ttl, wait *int64, session string) (ttlMs, waitMs int64) {
+	switch {
+	case ttl != nil:
+		ttlMs = *ttl
+	case session == "":
+		ttlMs = api.DefaultLockTTLms
+	}
+	if wait != nil {
+		waitMs = *wait
+	}
+	return ttlMs, waitMs
 }
 
 // acquireAnswers are the replies of one kind of acquire (one lock, or a
