@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/raft-wal/metadb"
 
 	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/testutil/walfault"
 )
 
 // startNode starts a one-member cluster on dir and waits until it leads.
@@ -351,7 +352,7 @@ func TestLogCheckFindsCorruptFollowerLog(t *testing.T) {
 			break
 		}
 	}
-	flipInWAL(t, filepath.Join(f.cfg.DataDir, "wal"), name)
+	walfault.FlipInWAL(t, filepath.Join(f.cfg.DataDir, "wal"), name)
 
 	if _, err := l.Checkpoint(t.Context()); err != nil {
 		t.Fatal(err)
@@ -371,36 +372,6 @@ func TestLogCheckFindsCorruptFollowerLog(t *testing.T) {
 			t.Fatalf("follower %s has the corrupt log:\n%s", f.ID(), checks(nodes))
 		}
 	}
-}
-
-// flipInWAL flips one bit of the first occurrence of s in the wal's segment
-// files, in place, as a failing disk would.
-func flipInWAL(t *testing.T, dir, s string) {
-	t.Helper()
-	segs, err := filepath.Glob(filepath.Join(dir, "*.wal"))
-	if err != nil || len(segs) == 0 {
-		t.Fatalf("no wal segments in %s: %v", dir, err)
-	}
-	for _, seg := range segs {
-		b, err := os.ReadFile(seg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		i := strings.Index(string(b), s)
-		if i < 0 {
-			continue
-		}
-		f, err := os.OpenFile(seg, os.O_RDWR, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if _, err := f.WriteAt([]byte{b[i] ^ 0x20}, int64(i)); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	t.Fatalf("%q not found in %s", s, dir)
 }
 
 // TestCheckpointIsANoOp: a checkpoint entry changes no state and sets

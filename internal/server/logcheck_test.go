@@ -1,13 +1,13 @@
 package server_test
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/lockd/lockd/internal/testutil"
+	"github.com/lockd/lockd/internal/testutil/walfault"
 )
 
 // TestCorruptFollowerLogFailsReadiness: a byte flipped on a follower's disk
@@ -35,7 +35,7 @@ func TestCorruptFollowerLogFailsReadiness(t *testing.T) {
 	if s := f.Srv.Node().LogStore(); s != "wal" {
 		t.Fatalf("a new data dir got %q", s)
 	}
-	flipInWAL(t, filepath.Join(f.Dir, "wal"), name)
+	walfault.FlipInWAL(t, filepath.Join(f.Dir, "wal"), name)
 	if _, err := l.Srv.Node().Checkpoint(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -78,34 +78,4 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
-}
-
-// flipInWAL flips one bit of the first occurrence of s in the wal's segment
-// files, in place, as a failing disk would.
-func flipInWAL(t *testing.T, dir, s string) {
-	t.Helper()
-	segs, err := filepath.Glob(filepath.Join(dir, "*.wal"))
-	if err != nil || len(segs) == 0 {
-		t.Fatalf("no wal segments in %s: %v", dir, err)
-	}
-	for _, seg := range segs {
-		b, err := os.ReadFile(seg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		i := strings.Index(string(b), s)
-		if i < 0 {
-			continue
-		}
-		f, err := os.OpenFile(seg, os.O_RDWR, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if _, err := f.WriteAt([]byte{b[i] ^ 0x20}, int64(i)); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	t.Fatalf("%q not found in %s", s, dir)
 }
