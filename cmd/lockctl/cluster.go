@@ -32,17 +32,14 @@ one by hand.`,
 		Short: "open an HTTP session; print its id",
 		Args:  positional(),
 		RunE: func(c *cobra.Command, _ []string) error {
-			r, code := e.prepare(c.Context(), 0)
-			if r == nil {
-				return status(code)
-			}
-			defer r.cancel()
-			rep, err := r.api.CreateSession(r.ctx, e.clientID(), ttl)
-			if err != nil {
-				return status(e.fail(err, "session create"))
-			}
-			e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", rep.SessionID, rep.TTLms))
-			return nil
+			return e.withRequest(c, func(r *request) error {
+				rep, err := r.api.CreateSession(r.ctx, e.clientID(), ttl)
+				if err != nil {
+					return status(e.fail(err, "session create"))
+				}
+				e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", rep.SessionID, rep.TTLms))
+				return nil
+			})
 		},
 	}
 	durationVar(create.Flags(), &ttl, "ttl", 15*time.Second, "session TTL")
@@ -52,17 +49,14 @@ one by hand.`,
 		Long:  "Refresh a session: its TTL starts again. Exits 5 when it expired or does not exist.",
 		Args:  positional("ID"),
 		RunE: func(c *cobra.Command, args []string) error {
-			r, code := e.prepare(c.Context(), 0)
-			if r == nil {
-				return status(code)
-			}
-			defer r.cancel()
-			rep, err := r.api.KeepAlive(r.ctx, args[0])
-			if err != nil {
-				return status(e.fail(err, "session "+args[0]))
-			}
-			e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", args[0], rep.TTLms))
-			return nil
+			return e.withRequest(c, func(r *request) error {
+				rep, err := r.api.KeepAlive(r.ctx, args[0])
+				if err != nil {
+					return status(e.fail(err, "session "+args[0]))
+				}
+				e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", args[0], rep.TTLms))
+				return nil
+			})
 		},
 	}
 	del := &cobra.Command{
@@ -71,16 +65,13 @@ one by hand.`,
 		Long:  "End a session: its locks are released (no lock-delay applies) and its waits dropped. Exits 5 when it expired or does not exist.",
 		Args:  positional("ID"),
 		RunE: func(c *cobra.Command, args []string) error {
-			r, code := e.prepare(c.Context(), 0)
-			if r == nil {
-				return status(code)
-			}
-			defer r.cancel()
-			if err := r.api.DeleteSession(r.ctx, args[0]); err != nil {
-				return status(e.fail(err, "session "+args[0]))
-			}
-			e.print(map[string]any{"deleted": true, "session_id": args[0]}, "session "+args[0]+" deleted")
-			return nil
+			return e.withRequest(c, func(r *request) error {
+				if err := r.api.DeleteSession(r.ctx, args[0]); err != nil {
+					return status(e.fail(err, "session "+args[0]))
+				}
+				e.print(map[string]any{"deleted": true, "session_id": args[0]}, "session "+args[0]+" deleted")
+				return nil
+			})
 		},
 	}
 	c.AddCommand(create, keepalive, del)
@@ -122,17 +113,14 @@ waits until it has caught up, then promotes it. Usually a new member asks
 for this itself (lockd --join). A refusal exits 8.`,
 		Args: positional("ID", "RAFTADDR", "HTTPADDR"),
 		RunE: func(c *cobra.Command, args []string) error {
-			r, code := e.prepare(c.Context(), 0)
-			if r == nil {
-				return status(code)
-			}
-			defer r.cancel()
-			m := api.AddMemberRequest{ID: args[0], RaftAddr: args[1], HTTPAddr: args[2]}
-			if err := r.api.AddMember(r.ctx, m); err != nil {
-				return status(e.failCluster(err, "cluster add "+args[0]))
-			}
-			e.print(m, "member "+args[0]+" added")
-			return nil
+			return e.withRequest(c, func(r *request) error {
+				m := api.AddMemberRequest{ID: args[0], RaftAddr: args[1], HTTPAddr: args[2]}
+				if err := r.api.AddMember(r.ctx, m); err != nil {
+					return status(e.failCluster(err, "cluster add "+args[0]))
+				}
+				e.print(m, "member "+args[0]+" added")
+				return nil
+			})
 		},
 	}
 	remove := &cobra.Command{
@@ -143,16 +131,13 @@ over first. An unknown ID exits 8.`,
 		Args:              positional("ID"),
 		ValidArgsFunction: e.completeMembers,
 		RunE: func(c *cobra.Command, args []string) error {
-			r, code := e.prepare(c.Context(), 0)
-			if r == nil {
-				return status(code)
-			}
-			defer r.cancel()
-			if err := r.api.RemoveMember(r.ctx, args[0]); err != nil {
-				return status(e.failCluster(err, "cluster remove "+args[0]))
-			}
-			e.print(map[string]any{"removed": args[0]}, "member "+args[0]+" removed")
-			return nil
+			return e.withRequest(c, func(r *request) error {
+				if err := r.api.RemoveMember(r.ctx, args[0]); err != nil {
+					return status(e.failCluster(err, "cluster remove "+args[0]))
+				}
+				e.print(map[string]any{"removed": args[0]}, "member "+args[0]+" removed")
+				return nil
+			})
 		},
 	}
 	var to string
@@ -162,16 +147,13 @@ over first. An unknown ID exits 8.`,
 		Long:  "Ask the leader to hand its leadership over: to member ID, or to one the cluster picks. An unknown ID exits 8.",
 		Args:  positional(),
 		RunE: func(c *cobra.Command, _ []string) error {
-			r, code := e.prepare(c.Context(), 0)
-			if r == nil {
-				return status(code)
-			}
-			defer r.cancel()
-			if err := r.api.TransferLeadership(r.ctx, to); err != nil {
-				return status(e.failCluster(err, "cluster transfer"))
-			}
-			e.print(api.TransferRequest{To: to}, "leadership transfer requested")
-			return nil
+			return e.withRequest(c, func(r *request) error {
+				if err := r.api.TransferLeadership(r.ctx, to); err != nil {
+					return status(e.failCluster(err, "cluster transfer"))
+				}
+				e.print(api.TransferRequest{To: to}, "leadership transfer requested")
+				return nil
+			})
 		},
 	}
 	transfer.Flags().StringVar(&to, "to", "", "member `ID` to hand the leadership to (default: the cluster picks)")
@@ -403,4 +385,15 @@ func (e *env) endpointStatus(ctx context.Context) int {
 		return exitNoLeader
 	}
 	return exitOK
+}
+
+// withRequest runs fn with a request to the cluster, answering a failed
+// set-up (endpoints, TLS, token) with its exit status.
+func (e *env) withRequest(c *cobra.Command, fn func(r *request) error) error {
+	r, code := e.prepare(c.Context(), 0)
+	if r == nil {
+		return status(code)
+	}
+	defer r.cancel()
+	return fn(r)
 }
