@@ -73,14 +73,7 @@ func (n *Node) runConfirm() {
 			return
 		}
 		c.mu.Unlock()
-		term := n.raft.CurrentTerm()
-		err := n.raft.VerifyLeader().Error()
-		switch {
-		case err != nil:
-			err = fmt.Errorf("%w: %v", ErrNotLeader, err)
-		case n.raft.CurrentTerm() != term:
-			err = ErrNotLeader
-		}
+		err := n.verifyLeader(n.raft.CurrentTerm())
 		for _, ch := range batch {
 			ch <- err
 		}

@@ -503,13 +503,29 @@ func (n *Node) ReadIndex(ctx context.Context) error {
 	}
 	term := n.raft.CurrentTerm()
 	idx := n.raft.CommitIndex()
-	if err := n.raft.VerifyLeader().Error(); err != nil {
-		return fmt.Errorf("%w: %v", ErrNotLeader, err)
+	if err := n.verifyLeader(term); err != nil {
+		return err
+	}
+	return n.WaitApplied(ctx, idx)
+}
+
+// verifyLeader confirms with a quorum that this member still leads in
+// term. hashicorp/raft counts any heartbeat acknowledgement that arrives
+// after a verification began, including one for a heartbeat sent before
+// the leader was paused: a leader that wakes up deposed can get a stale
+// yes from the first round. A second round's acknowledgements come from
+// heartbeats sent after the first round ended, so two rounds in a row
+// cannot both be stale.
+func (n *Node) verifyLeader(term uint64) error {
+	for range 2 {
+		if err := n.raft.VerifyLeader().Error(); err != nil {
+			return fmt.Errorf("%w: %v", ErrNotLeader, err)
+		}
 	}
 	if n.raft.CurrentTerm() != term {
 		return ErrNotLeader
 	}
-	return n.WaitApplied(ctx, idx)
+	return nil
 }
 
 // WaitApplied blocks until the state machine reflects every entry up to
