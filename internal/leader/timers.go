@@ -1,18 +1,27 @@
-// Package leader runs the leader-only timers: lock TTLs, waiter deadlines and
-// session TTLs. A timer never changes state itself; it proposes a command
-// (expire lock L with token T, time out waiter W, expire session S) that the
-// state machine re-checks against the time carried in the command, so a late,
-// duplicate or deposed-leader proposal is harmless.
+// Package leader runs the leader-only timers: lock TTLs, waiter deadlines,
+// lock-delay ends and session TTLs. A timer never changes state itself; it
+// proposes a command (expire lock L with token T, time out waiter W, end
+// the delay of L, expire session S) that the state machine re-checks
+// against the time carried in the command, and refuses when it was decided
+// in another term than its log entry's, so a late, duplicate or
+// deposed-leader proposal is harmless.
 //
-// Timers are rebuilt from the replicated state when leadership is gained and
-// dropped when it is lost. Between those, they follow the committed log:
-// Observe is fed every entry's events in log order by the apply loop (never
-// by the request that proposed the entry, which may have given up), so a
-// timer is armed for every grant that commits, whoever asked for it. Lock
-// timers are keyed by the grant's fencing token: nothing about an old grant
-// can touch the next one. Keepalives are not replicated: the leader tracks
-// them here, in memory, and every session gets a fresh full TTL from the
-// moment a new leader takes office.
+// One loop over one ordered structure. Every replicated deadline — grant
+// expiries, waiter deadlines, lock-delay ends — is kept in time order by
+// the state machine itself, on every member (locktable's deadline index),
+// so a new leader reads the next due item instead of walking the table to
+// build timers (seconds at a million locks). The loop reads what is due,
+// proposes it and waits for the outcome; a due item stays in the index
+// until the command that ends it commits, so nothing due can be lost to a
+// busy worker, a failed proposal or a keepalive that raced it: the next
+// round finds it again.
+//
+// Sessions are the one deadline that is not replicated: keepalives reach
+// only the leader. Every session gets a full TTL from the moment this
+// leader took office; the sessions the state holds are read in TTL order
+// (also indexed by the state machine) as their office deadlines come, and
+// only sessions refreshed since — by a keepalive, or created since — are
+// tracked here, in memory. The same loop expires them.
 package leader
 
 import (
@@ -26,8 +35,7 @@ import (
 	"github.com/lockd/lockd/internal/locktable"
 )
 
-// Proposer replicates a command. Its events reach the timers through
-// Observe, from the apply loop, not from here.
+// Proposer replicates a command and returns the state machine's result.
 type Proposer interface {
 	Propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error)
 }
@@ -50,78 +58,49 @@ type Config struct {
 	// already (nearly) due, so a renew in flight during the election can
 	// land. One election timeout: bounded, so leases never grow without
 	// bound when elections repeat.
-	Grace   time.Duration
-	Now     func() time.Time
-	Logger  *slog.Logger
-	Workers int
-	// Retry is the delay before a timer whose proposal failed or was a
-	// no-op fires again.
+	Grace  time.Duration
+	Now    func() time.Time
+	Logger *slog.Logger
+	// Retry is how long the loop waits after a round that failed (no
+	// quorum, a timeout) or moved nothing before it proposes again.
 	Retry time.Duration
+	// MaxRound bounds the commands one round proposes; what is left is
+	// taken by the next round at once. Default 1024.
+	MaxRound int
+	// ProposeTimeout bounds one round's wait for its commands. Default 10s.
+	ProposeTimeout time.Duration
 }
 
-type kind uint8
+// maxIdle is the longest the loop sleeps without looking: a wake-up that
+// was somehow missed costs at most this much delay, never a lost timer.
+const maxIdle = time.Second
 
-const (
-	kLock kind = iota
-	kWaiter
-	kSession
-	kDelay // a lock-delay's end, by lock name
-)
-
-type item struct {
-	at     int64 // unix ms
-	kind   kind
-	lock   string
-	client string // waiter
-	id     string // session
-	token  uint64
-}
-
-type itemHeap []item
-
-func (h itemHeap) Len() int           { return len(h) }
-func (h itemHeap) Less(i, j int) bool { return h[i].at < h[j].at }
-func (h itemHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *itemHeap) Push(x any)        { *h = append(*h, x.(item)) }
-func (h *itemHeap) Pop() any {
-	old := *h
-	it := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return it
-}
-
-type lockTimer struct {
-	lock string
-	at   int64
-}
-
-type waiterKey struct{ lock, client string }
-
-type sessionTimer struct {
-	ttl      int64
-	deadline int64
-	// expiring: this leader has decided to expire the session (its expiry
-	// is proposed or being retried). Keepalives are refused from then on,
-	// so no client is told its lease grew while its locks are being freed.
-	expiring bool
-}
-
-// Timers is the leader-only timer set. The zero value is unusable; use New.
+// Timers is the leader-only timer loop. The zero value is unusable; use New.
 type Timers struct {
 	cfg Config
 	log *slog.Logger
 
-	mu       sync.Mutex
-	running  bool
-	since    uint64 // Observe skips entries at or below this index: the rebuild saw them
-	h        itemHeap
-	locks    map[uint64]lockTimer // by fencing token
-	waiters  map[waiterKey]int64
-	sessions map[string]*sessionTimer
-	delays   map[string]int64 // lock-delay ends, by lock name
+	mu      sync.Mutex
+	running bool
+	term    uint64 // stamped into every command (locktable.Command.Term)
+	office  int64  // unix ms this leader took office: sessions' fresh TTLs count from it
+	since   uint64 // Observe skips entries at or below this index: the state at office had them
+	// kept holds the deadline of every session refreshed since office (a
+	// keepalive, or created since); kh orders them, lazily: an item whose
+	// session's deadline moved is re-armed when it comes up.
+	kept map[string]int64
+	kh   sessionHeap
+	// cursor is how far, in the state's TTL order, sessions have been
+	// claimed: each was either expired or moved into kept.
+	cursor locktable.SessionKey
+	// expiring: sessions this leader decided to expire, with when to
+	// propose again if the expiry has not committed by then. Keepalives
+	// for them are refused from the decision on.
+	expiring map[string]int64
+	next     int64 // when the loop plans to look again (unix ms)
 	wake     chan struct{}
 	cancel   context.CancelFunc
-	wg       sync.WaitGroup
+	done     chan struct{}
 
 	// Session expiries are logged as one line per burst, not one per session.
 	burstMu    sync.Mutex
@@ -137,127 +116,64 @@ func New(cfg Config) *Timers {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = 4
-	}
 	if cfg.Retry <= 0 {
 		cfg.Retry = 100 * time.Millisecond
+	}
+	if cfg.MaxRound <= 0 {
+		cfg.MaxRound = 1024
+	}
+	if cfg.ProposeTimeout <= 0 {
+		cfg.ProposeTimeout = 10 * time.Second
 	}
 	return &Timers{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1)}
 }
 
 func (t *Timers) now() int64 { return t.cfg.Now().UnixMilli() }
 
-// Start rebuilds every timer from the replicated state and starts firing.
-// Call it only after the new leader's Barrier, so the state is complete.
-func (t *Timers) Start() {
+// Start takes office for Raft term term and starts the loop. Call it only
+// after the new leader's Barrier, so the state holds every earlier entry.
+// It reads nothing but the log index: nothing is walked before serving.
+func (t *Timers) Start(term uint64) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.running {
-		t.mu.Unlock()
 		return
 	}
-	t.running = true
-	nLocks, nWaiters, nSessions := t.rebuildLocked()
+	t.running, t.term = true, term
+	t.takeOfficeLocked()
 	ctx, cancel := context.WithCancel(context.Background())
-	t.cancel = cancel
-	jobs := make(chan item, 1024)
-	t.wg.Add(1 + t.cfg.Workers)
-	go t.loop(ctx, jobs)
-	for i := 0; i < t.cfg.Workers; i++ {
-		go t.worker(ctx, jobs)
-	}
-	t.mu.Unlock()
-	t.log.Info("leader timers rebuilt", "locks", nLocks, "waiters", nWaiters, "sessions", nSessions)
+	t.cancel, t.done = cancel, make(chan struct{})
+	go t.loop(ctx, t.done)
+	t.log.Info("leader timers started", "term", term, "applied_index", t.since)
 }
 
-// Rebuild re-reads every timer from the replicated state, which was
-// replaced wholesale (a snapshot restore). It does nothing when stopped.
+// takeOfficeLocked starts the sessions' office afresh: every session the
+// state holds gets a full TTL from now.
+func (t *Timers) takeOfficeLocked() {
+	t.office = t.now()
+	t.cfg.Viewer.ViewAt(func(_ *locktable.Table, index uint64) { t.since = index })
+	t.kept, t.kh = map[string]int64{}, nil
+	t.cursor = locktable.SessionKey{}
+	t.expiring = map[string]int64{}
+	t.next = t.office
+	t.wakeLocked()
+}
+
+// Rebuild starts over after the replicated state was replaced wholesale (a
+// snapshot restore): sessions get a full TTL from now. It does nothing
+// when stopped.
 func (t *Timers) Rebuild() {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	if !t.running {
-		t.mu.Unlock()
 		return
 	}
-	nLocks, nWaiters, nSessions := t.rebuildLocked()
-	t.wakeLocked()
-	t.mu.Unlock()
-	t.log.Info("leader timers rebuilt after a restore", "locks", nLocks, "waiters", nWaiters, "sessions", nSessions)
+	t.takeOfficeLocked()
+	t.log.Info("leader timers restarted after a restore")
 }
 
-// rebuildLocked builds every timer from the state. t.mu is held throughout,
-// so entries applied after the state was read wait in Observe and are
-// taken in afterwards; those at or below its index are skipped.
-func (t *Timers) rebuildLocked() (nLocks, nWaiters, nSessions int) {
-	type delay struct {
-		lock  string
-		until int64
-	}
-	var delays []delay
-	tookOffice := t.now()
-	grace := t.cfg.Grace.Milliseconds()
-	// Copy what the timers need while holding the state's read lock, and
-	// nothing more: Apply waits on that lock, and with a million locks
-	// building maps and a heap under it stalled the log long enough to
-	// cost elections.
-	type grant struct {
-		lock      string
-		token     uint64
-		expiresAt int64
-	}
-	var locks []grant
-	var waiters []locktable.WaiterInfo
-	var sessions []locktable.Session
-	t.cfg.Viewer.ViewAt(func(tab *locktable.Table, index uint64) {
-		t.since = index
-		st := tab.Stats()
-		locks = make([]grant, 0, st.Holders)
-		waiters = make([]locktable.WaiterInfo, 0, st.Waiters)
-		sessions = make([]locktable.Session, 0, st.Sessions)
-		tab.ForEachHolder(func(name string, h locktable.Holder) {
-			if h.ExpiresAt != 0 {
-				locks = append(locks, grant{name, h.Token, h.ExpiresAt})
-			}
-		})
-		tab.ForEachDelayed(func(name string, until int64) { delays = append(delays, delay{name, until}) })
-		tab.ForEachWaiter(func(w locktable.WaiterInfo) { waiters = append(waiters, w) })
-		tab.ForEachSession(func(s locktable.Session) { sessions = append(sessions, s) })
-	})
-	// Sized up front: growing maps of a million entries rehashes them
-	// again and again while the new leader is not yet serving.
-	t.locks = make(map[uint64]lockTimer, len(locks))
-	t.waiters = make(map[waiterKey]int64, len(waiters))
-	t.sessions = make(map[string]*sessionTimer, len(sessions))
-	t.h = make(itemHeap, 0, len(locks)+len(waiters)+len(sessions))
-	for _, g := range locks {
-		at := g.expiresAt
-		if at <= tookOffice+grace {
-			at = g.expiresAt + grace // never before the replicated expiry, at most one grace after
-		}
-		t.locks[g.token] = lockTimer{lock: g.lock, at: at}
-		t.h = append(t.h, item{at: at, kind: kLock, lock: g.lock, token: g.token})
-	}
-	// A lock-delay ends at its replicated time, never before; no grace:
-	// nothing a client sends can move it.
-	t.delays = make(map[string]int64, len(delays))
-	for _, d := range delays {
-		t.delays[d.lock] = d.until
-		t.h = append(t.h, item{at: d.until, kind: kDelay, lock: d.lock})
-	}
-	for _, w := range waiters {
-		t.waiters[waiterKey{w.Lock, w.ClientID}] = w.Deadline
-		t.h = append(t.h, item{at: w.Deadline, kind: kWaiter, lock: w.Lock, client: w.ClientID})
-	}
-	for _, s := range sessions {
-		d := tookOffice + s.TTLms
-		t.sessions[s.ID] = &sessionTimer{ttl: s.TTLms, deadline: d}
-		t.h = append(t.h, item{at: d, kind: kSession, id: s.ID})
-	}
-	heap.Init(&t.h)
-	return len(locks), len(waiters), len(sessions)
-}
-
-// Stop drops every timer (leadership lost). It waits for in-flight
-// proposals to return.
+// Stop ends the loop (leadership lost) and waits for its proposals to
+// return.
 func (t *Timers) Stop() {
 	t.mu.Lock()
 	if !t.running {
@@ -266,30 +182,54 @@ func (t *Timers) Stop() {
 	}
 	t.running = false
 	t.cancel()
-	t.h, t.locks, t.waiters, t.sessions, t.delays = nil, nil, nil, nil, nil
+	done := t.done
+	t.kept, t.kh, t.expiring = nil, nil, nil
 	t.mu.Unlock()
-	t.wg.Wait()
+	<-done
 }
 
 // Keepalive pushes a session's deadline a full TTL out from received (when
 // the keepalive arrived). It returns the TTL, or 0 when the session is
-// unknown to this leader or its expiry has already been decided.
+// unknown or its expiry has already been decided.
 func (t *Timers) Keepalive(id string, received time.Time) (int64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !t.running {
 		return 0, ErrNotRunning
 	}
-	s, ok := t.sessions[id]
-	if !ok || s.expiring {
+	if _, ok := t.expiring[id]; ok {
 		return 0, nil
 	}
-	t.setSessionLocked(id, s.ttl, received.UnixMilli()+s.ttl)
-	return s.ttl, nil
+	var s locktable.Session
+	var ok bool
+	t.cfg.Viewer.ViewAt(func(tab *locktable.Table, _ uint64) { s, ok = tab.Session(id) })
+	if !ok {
+		return 0, nil
+	}
+	t.refreshLocked(id, received.UnixMilli()+s.TTLms)
+	return s.TTLms, nil
 }
 
-// Observe updates timers from the events of the committed entry at index.
-// The apply loop calls it for every entry, in log order.
+// refreshLocked moves a session's deadline out to at (never in).
+func (t *Timers) refreshLocked(id string, at int64) {
+	if cur, ok := t.kept[id]; ok && cur >= at {
+		return
+	}
+	_, had := t.kept[id]
+	t.kept[id] = at
+	// A session already in the heap re-arms itself when its old item
+	// comes up (lazy), so a busy session costs one heap item per TTL, not
+	// one per keepalive.
+	if !had {
+		heap.Push(&t.kh, sessionItem{at: at, id: id})
+		t.wakeIfEarlierLocked(at)
+	}
+}
+
+// Observe follows the committed log: the apply loop calls it for every
+// entry, in log order. The replicated deadlines need nothing from it but a
+// wake-up when one comes due before the loop planned to look; sessions
+// created since office are tracked from their creation.
 func (t *Timers) Observe(index uint64, events []locktable.Event) {
 	if len(events) == 0 {
 		return
@@ -302,64 +242,29 @@ func (t *Timers) Observe(index uint64, events []locktable.Event) {
 	for _, ev := range events {
 		switch ev.Kind {
 		case locktable.EvGranted, locktable.EvRenewed:
-			delete(t.waiters, waiterKey{ev.Lock, ev.ClientID})
 			if ev.ExpiresAt > 0 {
-				t.setLockLocked(ev.Lock, ev.Token, ev.ExpiresAt)
-			} else {
-				delete(t.locks, ev.Token)
+				t.wakeIfEarlierLocked(ev.ExpiresAt)
 			}
-		case locktable.EvReleased, locktable.EvLost:
-			delete(t.locks, ev.Token)
 		case locktable.EvQueued:
-			t.setWaiterLocked(ev.Lock, ev.ClientID, ev.Deadline)
-		case locktable.EvWaitEnded:
-			if d, ok := t.waiters[waiterKey{ev.Lock, ev.ClientID}]; ok && d == ev.Deadline {
-				delete(t.waiters, waiterKey{ev.Lock, ev.ClientID})
-			}
+			t.wakeIfEarlierLocked(ev.Deadline)
+		case locktable.EvDelayed:
+			t.wakeIfEarlierLocked(ev.ExpiresAt)
 		case locktable.EvSessionCreated:
-			if _, ok := t.sessions[ev.SessionID]; !ok {
-				t.setSessionLocked(ev.SessionID, ev.TTLms, t.now()+ev.TTLms)
+			if _, dying := t.expiring[ev.SessionID]; !dying {
+				t.refreshLocked(ev.SessionID, ev.ExpiresAt)
 			}
 		case locktable.EvSessionEnded:
-			delete(t.sessions, ev.SessionID)
-		case locktable.EvDelayed:
-			t.delays[ev.Lock] = ev.ExpiresAt
-			t.pushLocked(item{at: ev.ExpiresAt, kind: kDelay, lock: ev.Lock})
-		case locktable.EvDelayEnded:
-			delete(t.delays, ev.Lock)
+			delete(t.kept, ev.SessionID)
+			delete(t.expiring, ev.SessionID)
 		}
 	}
 }
 
-func (t *Timers) setLockLocked(lock string, token uint64, at int64) {
-	t.locks[token] = lockTimer{lock: lock, at: at}
-	t.pushLocked(item{at: at, kind: kLock, lock: lock, token: token})
-}
-
-func (t *Timers) setWaiterLocked(lock, client string, deadline int64) {
-	t.waiters[waiterKey{lock, client}] = deadline
-	t.pushLocked(item{at: deadline, kind: kWaiter, lock: lock, client: client})
-}
-
-func (t *Timers) setSessionLocked(id string, ttl, deadline int64) {
-	s, ok := t.sessions[id]
-	if !ok {
-		s = &sessionTimer{ttl: ttl}
-		t.sessions[id] = s
+func (t *Timers) wakeIfEarlierLocked(at int64) {
+	if at < t.next {
+		t.next = at
+		t.wakeLocked()
 	}
-	moved := s.deadline != 0 && deadline > s.deadline
-	s.deadline = deadline
-	// A keepalive only moves the deadline out; the item already queued for
-	// the old deadline re-arms itself when it fires (lazy), so a busy
-	// session costs one heap item per TTL, not one per keepalive.
-	if !moved {
-		t.pushLocked(item{at: deadline, kind: kSession, id: id})
-	}
-}
-
-func (t *Timers) pushLocked(it item) {
-	heap.Push(&t.h, it)
-	t.wakeLocked()
 }
 
 func (t *Timers) wakeLocked() {
@@ -369,191 +274,255 @@ func (t *Timers) wakeLocked() {
 	}
 }
 
-// loop sleeps until the earliest timer, then hands due items that are still
-// current to the workers. Stale heap items (superseded by a renew, a
-// keepalive or a release) are dropped here.
-func (t *Timers) loop(ctx context.Context, jobs chan<- item) {
-	defer t.wg.Done()
-	timer := time.NewTimer(time.Hour)
+// loop runs rounds: read what is due, propose it, wait for the outcome;
+// then sleep until the next deadline, a wake-up or maxIdle.
+func (t *Timers) loop(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
-		t.mu.Lock()
-		var due []item
-		now := t.now()
-		next := int64(-1)
-		for t.h.Len() > 0 {
-			it := t.h[0]
-			if it.at > now {
-				next = it.at
-				break
-			}
-			heap.Pop(&t.h)
-			if t.currentLocked(it, now) {
-				due = append(due, it)
-			}
-		}
-		t.mu.Unlock()
-		for _, it := range due {
-			select {
-			case jobs <- it:
-			case <-ctx.Done():
-				return
-			}
-		}
-		wait := time.Hour
-		if next >= 0 {
-			wait = time.Duration(next-now) * time.Millisecond
-		}
-		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
 		case <-t.wake:
-			if !timer.Stop() {
-				select {
-				case <-timer.C:
-				default:
-				}
+		}
+		now := t.now()
+		cmds, sessions, next := t.due(now)
+		if len(cmds) > 0 {
+			progress, failed := t.propose(ctx, cmds, sessions)
+			if ctx.Err() != nil {
+				return
+			}
+			retry := now + t.cfg.Retry.Milliseconds()
+			switch {
+			case !progress:
+				// Nothing moved (no quorum, a timeout, a term that
+				// ended): what is due is still due; look again after a
+				// pause rather than at once.
+				next = retry
+			case failed:
+				next = min(next, retry) // what failed is still due
+			case len(cmds) >= t.cfg.MaxRound:
+				next = now // more is due: go again at once
 			}
 		}
+		t.mu.Lock()
+		t.next = next
+		t.mu.Unlock()
+		wait := time.Duration(next-t.now()) * time.Millisecond
+		timer.Reset(min(max(wait, 0), maxIdle))
 	}
 }
 
-// currentLocked says whether a popped item still stands for a live timer;
-// a session whose deadline moved is re-armed at the new deadline.
-func (t *Timers) currentLocked(it item, now int64) bool {
-	switch it.kind {
-	case kLock:
-		lt, ok := t.locks[it.token]
-		return ok && lt.at == it.at
-	case kWaiter:
-		d, ok := t.waiters[waiterKey{it.lock, it.client}]
-		return ok && d == it.at
-	case kDelay:
-		at, ok := t.delays[it.lock]
-		return ok && at == it.at
-	case kSession:
-		s, ok := t.sessions[it.id]
-		if !ok {
+// due reads what is due at now, up to MaxRound commands, and when to look
+// again. Sessions it decides to expire are marked expiring before it
+// returns, so keepalives for them are refused from here on.
+func (t *Timers) due(now int64) (cmds []locktable.Command, sessions []string, next int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	next = now + maxIdle.Milliseconds()
+	if !t.running {
+		return nil, nil, next
+	}
+	room := func() bool { return len(cmds) < t.cfg.MaxRound }
+	term, graceEnd, grace := t.term, t.office+t.cfg.Grace.Milliseconds(), t.cfg.Grace.Milliseconds()
+	t.cfg.Viewer.ViewAt(func(tab *locktable.Table, _ uint64) {
+		// Grants: never before the replicated expiry; one already (nearly)
+		// due when this leader took office gets one grace period, so a
+		// renew in flight during the election can land.
+		tab.GrantsByExpiry(func(g locktable.DueGrant) bool {
+			if g.ExpiresAt > now || !room() {
+				next = min(next, fireAt(g.ExpiresAt, graceEnd, grace))
+				return false
+			}
+			if at := fireAt(g.ExpiresAt, graceEnd, grace); at > now {
+				next = min(next, at)
+				return true
+			}
+			cmds = append(cmds, locktable.Command{Op: locktable.OpExpireLock, Lock: g.Lock, Token: g.Token, Term: term})
+			return true
+		})
+		// Waits: a multi-acquire has one copy per lock, all with one
+		// deadline; timing out one drops them all.
+		type waitKey struct {
+			client   string
+			deadline int64
+		}
+		seen := map[waitKey]bool{}
+		tab.WaitsByDeadline(func(w locktable.DueWait) bool {
+			if w.Deadline > now || !room() {
+				next = min(next, w.Deadline)
+				return false
+			}
+			if k := (waitKey{w.ClientID, w.Deadline}); !seen[k] {
+				seen[k] = true
+				cmds = append(cmds, locktable.Command{Op: locktable.OpTimeoutWaiter, Lock: w.Lock, ClientID: w.ClientID, Term: term})
+			}
+			return true
+		})
+		tab.DelaysByEnd(func(d locktable.DueDelay) bool {
+			if d.Until > now || !room() {
+				next = min(next, d.Until)
+				return false
+			}
+			cmds = append(cmds, locktable.Command{Op: locktable.OpEndDelay, Lock: d.Lock, Term: term})
+			return true
+		})
+		sessions, next = t.dueSessionsLocked(tab, now, next, room)
+	})
+	for _, id := range sessions {
+		cmds = append(cmds, locktable.Command{Op: locktable.OpExpireSession, SessionID: id, Term: term})
+	}
+	return cmds, sessions, next
+}
+
+// fireAt is when a grant expiring at expiresAt may be expired by a leader
+// whose grace window ends at graceEnd.
+func fireAt(expiresAt, graceEnd, grace int64) int64 {
+	if expiresAt <= graceEnd {
+		return expiresAt + grace
+	}
+	return expiresAt
+}
+
+// dueSessionsLocked decides which sessions expire now: those whose expiry
+// was decided and has not committed by its retry time, those refreshed
+// since office whose deadline passed, and those the state held at office
+// whose full TTL since office ran out without a refresh.
+func (t *Timers) dueSessionsLocked(tab *locktable.Table, now, next int64, room func() bool) ([]string, int64) {
+	var out []string
+	// A decided expiry is proposed again by any round after retry whose
+	// session is still there: rounds run one at a time, so by then the
+	// last proposal has failed or the session is gone.
+	retry := t.cfg.Retry.Milliseconds()
+	expire := func(id string) {
+		t.expiring[id] = now + retry
+		delete(t.kept, id)
+		out = append(out, id)
+	}
+	for id, at := range t.expiring {
+		if _, ok := tab.Session(id); !ok {
+			delete(t.expiring, id) // gone: nothing to answer keepalives for
+			continue
+		}
+		if at <= now && room() {
+			t.expiring[id] = now + retry
+			out = append(out, id)
+		} else {
+			next = min(next, at)
+		}
+	}
+	for t.kh.Len() > 0 {
+		it := t.kh[0]
+		if it.at > now || !room() {
+			next = min(next, it.at)
+			break
+		}
+		heap.Pop(&t.kh)
+		at, ok := t.kept[it.id]
+		switch {
+		case !ok:
+			// Ended or already expiring: nothing to do.
+		case at > it.at:
+			heap.Push(&t.kh, sessionItem{at: at, id: it.id}) // refreshed since: re-arm
+		default:
+			if _, ok := tab.Session(it.id); ok {
+				expire(it.id)
+			} else {
+				delete(t.kept, it.id)
+			}
+		}
+	}
+	tab.SessionsByTTL(t.cursor, func(s locktable.Session) bool {
+		if t.office+s.TTLms > now || !room() {
+			next = min(next, t.office+s.TTLms)
 			return false
 		}
-		if s.deadline > now {
-			heap.Push(&t.h, item{at: s.deadline, kind: kSession, id: it.id})
-			return false
+		t.cursor = locktable.SessionKey{TTLms: s.TTLms, ID: s.ID}
+		if _, ok := t.kept[s.ID]; ok {
+			return true // refreshed since office: kept has it
 		}
+		if _, ok := t.expiring[s.ID]; ok {
+			return true
+		}
+		// Created after office (its creation not yet observed): its TTL
+		// counts from its creation, stamped by this leader's clock.
+		if at := max(t.office, s.CreatedAt) + s.TTLms; at > now {
+			t.refreshLocked(s.ID, at)
+			next = min(next, at)
+			return true
+		}
+		expire(s.ID)
 		return true
-	}
-	return false
+	})
+	return out, next
 }
 
-func (t *Timers) worker(ctx context.Context, jobs <-chan item) {
-	defer t.wg.Done()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case it := <-jobs:
-			t.fire(ctx, it)
-		}
-	}
-}
-
-// fire proposes the command for a due timer. When the state machine says
-// "not yet" (clock skew between leaders, a renew that raced the timer) the
-// timer is re-armed from the replicated state.
-func (t *Timers) fire(ctx context.Context, it item) {
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+// propose sends one round's commands concurrently (the node packs them
+// into a few log entries) and waits for every outcome. It reports whether
+// the round moved anything and whether any command failed. Commands that
+// failed need no bookkeeping: what they were for is still due in the state
+// (or still expiring) and a later round proposes it again.
+func (t *Timers) propose(ctx context.Context, cmds []locktable.Command, sessions []string) (progress, failed bool) {
+	pctx, cancel := context.WithTimeout(ctx, t.cfg.ProposeTimeout)
 	defer cancel()
-	var cmd locktable.Command
-	switch it.kind {
-	case kLock:
-		cmd = locktable.Command{Op: locktable.OpExpireLock, Lock: it.lock, Token: it.token}
-	case kWaiter:
-		cmd = locktable.Command{Op: locktable.OpTimeoutWaiter, Lock: it.lock, ClientID: it.client}
-	case kDelay:
-		cmd = locktable.Command{Op: locktable.OpEndDelay, Lock: it.lock}
-	case kSession:
-		t.mu.Lock()
-		s, ok := t.sessions[it.id]
-		stillDue := ok && s.deadline <= t.now()
-		if stillDue {
-			// Decided: from here on keepalives are refused, even if this
-			// proposal fails and is retried.
-			s.expiring = true
+	type outcome struct {
+		res locktable.Result
+		err error
+	}
+	out := make([]outcome, len(cmds))
+	var wg sync.WaitGroup
+	for i := range cmds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i].res, out[i].err = t.cfg.Proposer.Propose(pctx, cmds[i])
+		}()
+	}
+	wg.Wait()
+	var firstErr error
+	stale := 0
+	for i, o := range out {
+		switch {
+		case o.err != nil:
+			firstErr = firstOf(firstErr, o.err)
+		case o.res.Code == locktable.CodeStale:
+			stale++
+		case len(o.res.AllEvents()) > 0:
+			progress = true
+			if cmds[i].Op == locktable.OpExpireSession {
+				t.noteSessionExpiry(cmds[i].SessionID)
+			}
 		}
-		t.mu.Unlock()
-		if !stillDue {
-			return // a keepalive arrived while the job was queued
-		}
-		cmd = locktable.Command{Op: locktable.OpExpireSession, SessionID: it.id}
 	}
-	res, err := t.cfg.Proposer.Propose(pctx, cmd)
-	if ctx.Err() != nil {
-		return
+	if firstErr != nil && ctx.Err() == nil {
+		t.log.Debug("timer proposals failed; retrying", "failed", firstErr, "commands", len(cmds))
 	}
-	if err != nil {
-		t.log.Debug("timer proposal failed; retrying", "op", cmd.Op, "err", err)
-		t.rearm(it, t.now()+t.cfg.Retry.Milliseconds())
-		return
+	if stale > 0 {
+		t.log.Warn("timer commands refused: this leader's term ended", "term", t.term, "refused", stale)
 	}
-	if len(res.AllEvents()) > 0 {
-		if it.kind == kSession {
-			t.noteSessionExpiry(it.id)
-		}
-		return // it acted; the apply loop updates the timers from its events
-	}
-	// A no-op: find out from the replicated state whether it is still due.
-	switch it.kind {
-	case kLock:
-		var expires int64
+	// A session whose expiry committed, or that was already gone, stops
+	// being tracked (Observe does the same when its end arrives).
+	t.mu.Lock()
+	if t.running {
 		t.cfg.Viewer.ViewAt(func(tab *locktable.Table, _ uint64) {
-			for _, h := range tab.Get(it.lock).Holders {
-				if h.Token == it.token {
-					expires = h.ExpiresAt
+			for _, id := range sessions {
+				if _, ok := tab.Session(id); !ok {
+					delete(t.expiring, id)
 				}
 			}
 		})
-		if expires > 0 {
-			t.rearm(it, max(expires, t.now()+t.cfg.Retry.Milliseconds()))
-		} else {
-			t.mu.Lock()
-			delete(t.locks, it.token)
-			t.mu.Unlock()
-		}
-	case kDelay:
-		var until int64
-		t.cfg.Viewer.ViewAt(func(tab *locktable.Table, _ uint64) { until = tab.Get(it.lock).DelayedUntil })
-		if until > 0 {
-			t.rearm(it, max(until, t.now()+t.cfg.Retry.Milliseconds()))
-		} else {
-			t.mu.Lock()
-			delete(t.delays, it.lock)
-			t.mu.Unlock()
-		}
-	case kSession:
-		// The session was already gone: drop its timer, or keepalives for
-		// it would go on being answered.
-		t.mu.Lock()
-		delete(t.sessions, it.id) // a no-op once the timers stopped (nil map)
-		t.mu.Unlock()
-	case kWaiter:
-		var deadline int64
-		t.cfg.Viewer.ViewAt(func(tab *locktable.Table, _ uint64) {
-			for _, w := range tab.Waiters(it.lock) {
-				if w.ClientID == it.client {
-					deadline = w.Deadline
-				}
-			}
-		})
-		if deadline > 0 {
-			t.rearm(it, max(deadline, t.now()+t.cfg.Retry.Milliseconds()))
-		} else {
-			t.mu.Lock()
-			delete(t.waiters, waiterKey{it.lock, it.client})
-			t.mu.Unlock()
-		}
 	}
+	t.mu.Unlock()
+	return progress, firstErr != nil
+}
+
+func firstOf(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
 }
 
 // noteSessionExpiry logs expiries in bursts: the first at once, then a
@@ -578,30 +547,20 @@ func (t *Timers) noteSessionExpiry(id string) {
 	t.burstCount++
 }
 
-func (t *Timers) rearm(it item, at int64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if !t.running {
-		return
-	}
-	switch it.kind {
-	case kLock:
-		if _, ok := t.locks[it.token]; ok {
-			t.setLockLocked(it.lock, it.token, at)
-		}
-	case kWaiter:
-		if _, ok := t.waiters[waiterKey{it.lock, it.client}]; ok {
-			t.setWaiterLocked(it.lock, it.client, at)
-		}
-	case kDelay:
-		if _, ok := t.delays[it.lock]; ok {
-			t.delays[it.lock] = at
-			t.pushLocked(item{at: at, kind: kDelay, lock: it.lock})
-		}
-	case kSession:
-		if s, ok := t.sessions[it.id]; ok {
-			s.deadline = max(s.deadline, at)
-			heap.Push(&t.h, item{at: s.deadline, kind: kSession, id: it.id})
-		}
-	}
+type sessionItem struct {
+	at int64
+	id string
+}
+
+type sessionHeap []sessionItem
+
+func (h sessionHeap) Len() int           { return len(h) }
+func (h sessionHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h sessionHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *sessionHeap) Push(x any)        { *h = append(*h, x.(sessionItem)) }
+func (h *sessionHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return it
 }

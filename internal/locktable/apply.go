@@ -17,6 +17,7 @@ const (
 	CodeInvalid                // a command that passed the API checks but is still malformed
 	CodeResourceExhausted      // a quota is used up (Result.Quota names it); nothing changed
 	CodeLimitMismatch          // acquire names another semaphore size (or mode) than the lock has
+	CodeStale                  // a timer's command decided in another term than the entry's (Command.Term); nothing changed
 )
 
 func (c Code) String() string {
@@ -33,6 +34,8 @@ func (c Code) String() string {
 		return "resource_exhausted"
 	case CodeLimitMismatch:
 		return "limit_mismatch"
+	case CodeStale:
+		return "stale"
 	default:
 		return "invalid"
 	}
@@ -49,7 +52,7 @@ const (
 	EvReleased                            // a holder released its lock
 	EvLost                                // a holder lost its lock (Reason: expired, session_expired)
 	EvWaitEnded                           // a waiter left the queue ungranted (Reason: wait_timeout, session_expired; Deadline names which wait)
-	EvSessionCreated                      // a session began (TTLms)
+	EvSessionCreated                      // a session began (TTLms; ExpiresAt: its first deadline, Now + TTLms)
 	EvSessionEnded                        // a session ended (Reason: deleted, session_expired)
 	EvValueSet                            // a holder's value changed (Value)
 	EvDelayed                             // a lock-delay runs until ExpiresAt: no grants before
@@ -64,6 +67,7 @@ const (
 	ReasonDeleted        = "deleted"
 	ReasonRegrant        = "regrant" // EvGranted for an idempotent re-acquire by the holder
 	ReasonRevoked        = "revoked"
+	ReasonCancelled      = "cancelled" // EvWaitEnded: the client withdrew its wait
 )
 
 // Event is a deterministic by-product of Apply. The leader hands events to
@@ -100,6 +104,7 @@ type Result struct {
 	Mode      Mode     // acquire: the grant's mode
 	Grants    []Grant  // multi-acquire: one grant per lock, in name order
 	Tokens    []uint64 // revoke: the grants it ended
+	Cancelled bool     // cancel: a queued wait was withdrawn
 	// Quota and QuotaLimit name the quota a resource_exhausted refusal hit
 	// and its value in the command.
 	Quota      Quota
@@ -119,8 +124,27 @@ type Grant struct {
 // ApplyAt applies the command committed at log index; lock statuses record
 // it as the index of their last change.
 func (t *Table) ApplyAt(index uint64, c Command) Result {
-	t.applying = index
+	return t.ApplyEntry(index, 0, c)
+}
+
+// ApplyEntry applies the command of the log entry at index, appended in
+// Raft term term (0: unknown, as for ApplyAt). A timer's command decided in
+// another term than its entry's is refused (Command.Term).
+func (t *Table) ApplyEntry(index, term uint64, c Command) Result {
+	t.applying, t.applyingTerm = index, term
 	return t.Apply(c)
+}
+
+// stale reports whether c is a timer's command that a leader decided in
+// another term than the one its entry was appended in. Such a leader
+// lost office since (or is losing it): its view of keepalives and renewals
+// may be older than what another leader acknowledged, so its decision
+// stands only if it reaches the log in its own term. Entries of its term
+// that the next leader commits are still applied: no other leader served
+// between (a new leader serves only after its own first entry commits,
+// and an entry of an earlier term that is not in its log never commits).
+func (t *Table) stale(c Command) bool {
+	return c.Term != 0 && t.applyingTerm != 0 && c.Term != t.applyingTerm
 }
 
 // Apply applies one committed command and returns its outcome. It is
@@ -128,6 +152,13 @@ func (t *Table) ApplyAt(index uint64, c Command) Result {
 // the same next table.
 func (t *Table) Apply(c Command) Result {
 	var r Result
+	switch c.Op {
+	case OpExpireLock, OpTimeoutWaiter, OpExpireSession, OpEndDelay:
+		if t.stale(c) {
+			r.Code = CodeStale
+			return r
+		}
+	}
 	switch c.Op {
 	case OpAcquire:
 		if len(c.Locks) > 0 {
@@ -141,6 +172,8 @@ func (t *Table) Apply(c Command) Result {
 		t.endDelay(c, &r)
 	case OpSetValue:
 		t.setValue(c, &r)
+	case OpCancel:
+		t.cancel(c, &r)
 	case OpRelease:
 		t.release(c, &r)
 	case OpRenew:
@@ -377,7 +410,7 @@ func (t *Table) regrant(l *Lock, h *Holder, ttl, now int64, locks []string, ev *
 	if ttl > 0 {
 		h.TTLms = ttl
 	}
-	h.ExpiresAt = expiry(now, h.TTLms)
+	t.dl.setExpiry(l, h, expiry(now, h.TTLms))
 	t.touch(l)
 	*ev = append(*ev, Event{Kind: EvGranted, Lock: l.Name, ClientID: h.ClientID, SessionID: h.SessionID,
 		Token: h.Token, TTLms: h.TTLms, ExpiresAt: h.ExpiresAt, Reason: ReasonRegrant, Mode: h.Mode, Value: h.Value, Locks: locks})
@@ -387,7 +420,7 @@ func (t *Table) regrant(l *Lock, h *Holder, ttl, now int64, locks []string, ev *
 func (t *Table) rewait(l *Lock, i int, c Command) {
 	w := &l.Waiters[i]
 	if c.WaitMs > 0 {
-		w.Deadline = c.Now + c.WaitMs
+		t.dl.setWaitDeadline(l, w, c.Now+c.WaitMs)
 		if c.TTLms > 0 { // as for the holder: a retry without a TTL keeps the queued one
 			w.TTLms = c.TTLms
 		}
@@ -399,6 +432,7 @@ func (t *Table) rewait(l *Lock, i int, c Command) {
 func (t *Table) enqueue(l *Lock, w Waiter, sess *Session) {
 	w.Owner = t.chargeLock(w.SessionID, w.Owner, 1)
 	l.Waiters = append(l.Waiters, w)
+	t.dl.addWait(l, &l.Waiters[len(l.Waiters)-1])
 	if sess != nil {
 		sess.index(&sess.waits)[l.Name] = struct{}{}
 	}
@@ -419,6 +453,7 @@ func (t *Table) grant(l *Lock, w *Waiter, now int64, ev *[]Event) *Holder {
 		Token: t.lastToken, TTLms: w.TTLms, ExpiresAt: expiry(now, w.TTLms), GrantedAt: now,
 		Mode: w.Mode, DelayMs: w.DelayMs, Value: w.Value}
 	l.Holders = append(l.Holders, h)
+	t.dl.addGrant(l, h)
 	if s, ok := t.sessions[w.SessionID]; ok {
 		s.index(&s.holds)[l.Name] = struct{}{}
 	}
@@ -432,6 +467,7 @@ func (t *Table) grant(l *Lock, w *Waiter, now int64, ev *[]Event) *Holder {
 // grant of l holds through the same session).
 func (t *Table) unhold(l *Lock, i int) *Holder {
 	h := l.Holders[i]
+	t.dl.removeGrant(h)
 	l.Holders = append(l.Holders[:i:i], l.Holders[i+1:]...)
 	if len(l.Holders) == 0 {
 		l.Holders = nil
@@ -462,7 +498,7 @@ func (t *Table) endGrant(l *Lock, i int, reason string, now int64, ev *[]Event) 
 		Token: h.Token, Reason: reason, Mode: h.Mode})
 	if h.DelayMs > 0 {
 		if until := now + h.DelayMs; until > l.DelayedUntil {
-			l.DelayedUntil = until
+			t.dl.setDelay(l, until)
 			*ev = append(*ev, Event{Kind: EvDelayed, Lock: l.Name, ExpiresAt: until})
 		}
 	}
@@ -531,7 +567,7 @@ func (t *Table) renew(c Command, r *Result) {
 	if c.TTLms > 0 {
 		h.TTLms = c.TTLms
 	}
-	h.ExpiresAt = expiry(c.Now, h.TTLms)
+	t.dl.setExpiry(l, h, expiry(c.Now, h.TTLms))
 	t.touch(l)
 	r.Token, r.ExpiresAt, r.Mode = h.Token, h.ExpiresAt, h.Mode
 	r.Events = append(r.Events, Event{Kind: EvRenewed, Lock: l.Name, ClientID: h.ClientID,
@@ -615,10 +651,40 @@ func (t *Table) endDelay(c Command, r *Result) {
 	if !ok || l.DelayedUntil == 0 || l.DelayedUntil > c.Now {
 		return
 	}
-	l.DelayedUntil = 0
+	t.dl.setDelay(l, 0)
 	t.touch(l)
 	r.Events = append(r.Events, Event{Kind: EvDelayEnded, Lock: l.Name})
 	t.advance(c.Now, &r.Events, l.Name)
+}
+
+// cancel withdraws the client's queued wait on c.Lock, or its multi-acquire
+// waiting on exactly c.Locks: the waiting request is told (EvWaitEnded,
+// reason cancelled) and the queues move on in this step. A grant already
+// made is not undone, and nothing else the client has is touched.
+func (t *Table) cancel(c Command, r *Result) {
+	name := c.Lock
+	if len(c.Locks) > 0 {
+		if c.Lock != "" || !validLockSet(c.Locks) {
+			r.Code = CodeInvalid
+			return
+		}
+		name = c.Locks[0]
+	}
+	if name == "" || c.ClientID == "" {
+		r.Code = CodeInvalid
+		return
+	}
+	l, ok := t.locks[name]
+	if !ok {
+		return
+	}
+	i := l.waiterOf(c.ClientID)
+	if i < 0 || !sameOwner(l.Waiters[i].Owner, c.Owner) || !sameNames(l.Waiters[i].Locks, c.Locks) {
+		return // none queued (a multi-acquire is withdrawn by its own names)
+	}
+	others := t.dropWait(l, i, ReasonCancelled, &r.Events)
+	r.Cancelled = true
+	t.advance(c.Now, &r.Events, append([]string{l.Name}, others...)...)
 }
 
 func (t *Table) timeoutWaiter(c Command, r *Result) {
@@ -646,10 +712,12 @@ func (t *Table) createSession(c Command, r *Result) {
 		c.Quotas.exhausted(r, q)
 		return
 	}
-	t.sessions[c.SessionID] = &Session{ID: c.SessionID, ClientID: c.ClientID,
+	s := &Session{ID: c.SessionID, ClientID: c.ClientID,
 		Owner: t.chargeSession(c.Owner, 1), TTLms: c.TTLms, CreatedAt: c.Now}
+	t.sessions[c.SessionID] = s
+	t.dl.addSession(s)
 	r.Events = append(r.Events, Event{Kind: EvSessionCreated, SessionID: c.SessionID,
-		ClientID: c.ClientID, TTLms: c.TTLms})
+		ClientID: c.ClientID, TTLms: c.TTLms, ExpiresAt: c.Now + c.TTLms})
 }
 
 // endSession ends every grant of the session (an expiry applies their
@@ -663,6 +731,7 @@ func (t *Table) endSession(c Command, r *Result, reason string) {
 		return
 	}
 	delete(t.sessions, c.SessionID)
+	t.dl.removeSession(s)
 	t.chargeSession(s.Owner, -1)
 	var touched []string
 	for name := range s.holds {

@@ -339,7 +339,7 @@ func TestApply(t *testing.T) {
 		}},
 		{"a session that holds nothing ends cleanly", func(t *testing.T, h *harness) {
 			r := h.ok(mkSess("s", "cs", 15000, t0))
-			wantEvents(t, "create", r.Events, []lt.Event{{Kind: lt.EvSessionCreated, SessionID: "s", ClientID: "cs", TTLms: 15000}})
+			wantEvents(t, "create", r.Events, []lt.Event{{Kind: lt.EvSessionCreated, SessionID: "s", ClientID: "cs", TTLms: 15000, ExpiresAt: t0 + 15000}})
 			if s, ok := h.tb.Session("s"); !ok || s.ClientID != "cs" || s.TTLms != 15000 || s.CreatedAt != t0 {
 				t.Fatalf("Session(s) = %+v, %v", s, ok)
 			}

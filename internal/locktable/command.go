@@ -22,6 +22,7 @@ const (
 	OpRevoke        Op = 13 // an operator ends a lock's grants (all, or the one with Token)
 	OpEndDelay      Op = 14 // leader timer: a lock-delay ran out (re-checked here)
 	OpSetValue      Op = 15 // a holder sets its grant's value
+	OpCancel        Op = 16 // a client withdraws its queued wait (Lock, or a multi-acquire's Locks)
 )
 
 var opNames = map[Op]string{
@@ -31,10 +32,15 @@ var opNames = map[Op]string{
 	OpExpireSession: "expire_session", OpSetMember: "set_member",
 	OpRemoveMember: "remove_member", OpBatch: "batch", OpCheckpoint: "checkpoint",
 	OpRevoke: "revoke", OpEndDelay: "end_delay", OpSetValue: "set_value",
+	OpCancel: "cancel",
 }
 
-// firstV2Op is the first op a version-1 decoder does not know.
-const firstV2Op = OpRevoke
+// firstV2Op is the first op a version-1 decoder does not know;
+// firstV3Op the first a version-2 decoder does not know.
+const (
+	firstV2Op = OpRevoke
+	firstV3Op = OpCancel
+)
 
 func (o Op) String() string {
 	if s, ok := opNames[o]; ok {
@@ -81,17 +87,26 @@ type Command struct {
 	DelayMs int64
 	Value   string
 	Locks   []string
+
+	// Term is the Raft term of the leader whose timer decided the command
+	// (expire lock, time out waiter, expire session, end delay). Apply
+	// refuses it when the entry was appended in another term: a timer of a
+	// leader that lost office and won it back (or a proposal that raced the
+	// change) decided on what that leader knew then, not on the keepalives
+	// and renewals another leader acknowledged since. 0: not a timer's.
+	Term uint64
 }
 
 // commandVersion is the first byte of every encoded command. A member that
 // sees a higher version refuses to apply it rather than guess.
 //
 // Version 2 adds the lock kinds (mode, limit, lock-delay, value, multi-lock
-// names) and the ops from OpRevoke on. A command that uses none of them is
-// still written as version 1, so a member not yet upgraded follows the log
-// until the first command it could not apply alike — which halts it (see
-// FromNewerVersion) instead of letting it skip an entry the others apply.
-const commandVersion = 2
+// names) and the ops from OpRevoke on; version 3 the timers' Term and
+// OpCancel. A command is written in the oldest version that carries it, so
+// a member not yet upgraded follows the log until the first command it
+// could not apply alike — which halts it (see FromNewerVersion) instead of
+// letting it skip an entry the others apply.
+const commandVersion = 3
 
 // field bits of the presence mask.
 const (
@@ -112,9 +127,11 @@ const (
 	fDelay
 	fValue
 	fLocks
-	fLast = fLocks
-	// fV1 are the fields a version-1 command may carry.
+	fTerm
+	fLast = fTerm
+	// fV1 and fV2 are the fields a version-1 or version-2 command may carry.
 	fV1 = fQuotas<<1 - 1
+	fV2 = fLocks<<1 - 1
 )
 
 // maxLocks bounds the names of one multi-acquire in the log format (the API
@@ -134,15 +151,17 @@ func (c *Command) Encode() []byte {
 
 // version is the oldest command version that can carry c.
 func (c *Command) version() byte {
-	if c.Op >= firstV2Op || c.mask()&^fV1 != 0 {
-		return 2
+	v := byte(1)
+	switch mask := c.mask(); {
+	case c.Op >= firstV3Op || mask&^fV2 != 0:
+		return 3
+	case c.Op >= firstV2Op || mask&^fV1 != 0:
+		v = 2
 	}
 	for i := range c.Batch {
-		if c.Batch[i].version() == 2 {
-			return 2
-		}
+		v = max(v, c.Batch[i].version())
 	}
-	return 1
+	return v
 }
 
 // mask is the presence mask of c's fields.
@@ -157,7 +176,7 @@ func (c *Command) mask() uint64 {
 		{fMemberID, c.MemberID != ""}, {fRaftAddr, c.RaftAddr != ""}, {fHTTPAddr, c.HTTPAddr != ""},
 		{fBatch, len(c.Batch) > 0}, {fOwner, c.Owner != ""}, {fQuotas, c.Quotas != (Quotas{})},
 		{fMode, c.Mode != 0}, {fLimit, c.Limit != 0}, {fDelay, c.DelayMs != 0},
-		{fValue, c.Value != ""}, {fLocks, len(c.Locks) > 0},
+		{fValue, c.Value != ""}, {fLocks, len(c.Locks) > 0}, {fTerm, c.Term != 0},
 	} {
 		if f.set {
 			mask |= f.bit
@@ -228,6 +247,9 @@ func (c *Command) encode(w *writer) {
 			w.string(n)
 		}
 	}
+	if mask&fTerm != 0 {
+		w.uvarint(c.Term)
+	}
 }
 
 // DecodeCommand parses bytes made by Encode. It bounds every length it reads
@@ -239,6 +261,10 @@ func DecodeCommand(b []byte) (Command, error) {
 		return Command{}, fmt.Errorf("%w: command version %d", ErrCorrupt, v)
 	}
 	c := decodeCommand(r, true)
+	if r.err == nil && v < c.version() {
+		// What an older version cannot carry is never written in it.
+		r.fail(fmt.Sprintf("version-%d command with version-%d fields", v, c.version()))
+	}
 	if r.err == nil && v == 1 && c.version() != 1 {
 		// Canonical: what version 1 can carry is written as version 1.
 		r.fail("version-1 command with version-2 fields")
@@ -336,6 +362,9 @@ func decodeCommand(r *reader, allowBatch bool) Command {
 		for i := 0; i < n && r.err == nil; i++ {
 			c.Locks = append(c.Locks, r.string())
 		}
+	}
+	if mask&fTerm != 0 {
+		c.Term = r.uvarint()
 	}
 	return c
 }

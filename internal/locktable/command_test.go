@@ -149,7 +149,7 @@ func TestDecodeCommandRejects(t *testing.T) {
 		{"empty", nil},
 		{"version only", []byte{1}},
 		{"version 0", with(0, 0)},
-		{"newer version", with(0, 3)},
+		{"newer version", with(0, 4)},
 		{"op 0", with(1, 0)},
 		{"op 13", with(1, 13)},
 		{"op 255", with(1, 255)},

@@ -4,8 +4,8 @@ import "fmt"
 
 // CheckCounters recounts, by walking the whole table, what the quota
 // counters keep incrementally (sessions and locks held plus waits queued
-// per owner, locks held plus waits queued per session) and reports the
-// first difference. Tests run it after random command sequences and after
+// per owner, locks held plus waits queued per session) and checks the
+// deadline index against the state, and reports the first difference. Tests run it after random command sequences and after
 // restores.
 func CheckCounters(t *Table) error {
 	type count struct{ sessions, locks int }
@@ -59,7 +59,7 @@ func CheckCounters(t *Table) error {
 			return fmt.Errorf("session %q: kept %d locks and waits, recount %d", id, got, n)
 		}
 	}
-	return nil
+	return t.checkDeadlines()
 }
 
 // CheckInvariants runs the checks Restore makes (checkInvariants) on a

@@ -144,6 +144,9 @@ func checkInvariants(tb *lt.Table, prevLast uint64) error {
 	if tb.LastToken() < prevLast {
 		return fmt.Errorf("LastToken went back from %d to %d", prevLast, tb.LastToken())
 	}
+	if err := lt.CheckCounters(tb); err != nil {
+		return err
+	}
 	tokens := map[uint64]string{}
 	for _, li := range tb.List("", 0) {
 		ws := tb.Waiters(li.Name)

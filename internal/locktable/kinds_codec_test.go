@@ -198,7 +198,7 @@ func TestDecodeKindCommandRejects(t *testing.T) {
 	str := func(s string) []byte { return append(uv(uint64(len(s))), s...) }
 	head := func(version, op byte, mask uint64) []byte { return append([]byte{version, op, 0}, uv(mask)...) }
 	raw := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
-	const fMode, fLimit, fLocks = 1 << 12, 1 << 13, 1 << 16
+	const fMode, fLimit, fLocks, fTerm = 1 << 12, 1 << 13, 1 << 16, 1 << 17
 	var manyNames []byte
 	for i := 0; i < 1025; i++ {
 		manyNames = append(manyNames, str("n")...)
@@ -214,12 +214,14 @@ func TestDecodeKindCommandRejects(t *testing.T) {
 		{"version 1 set value", raw(head(1, 15, 0))},
 		{"version 1 batch holding a version-2 command", raw(head(1, 11, 1<<9), uv(1), []byte{14, 0, 1}, str("a"))},
 		{"unknown mode", raw(head(2, 1, fMode), []byte{2})},
-		{"op 16", head(2, 16, 0)},
-		{"field bit after the last", head(2, 1, fLocks<<1)},
+		{"version 2 cancel", raw(head(2, 16, 1), str("a"))},
+		{"version 2 with a term", raw(head(2, 4, 1|fTerm), str("a"), uv(7))},
+		{"op 17", head(3, 17, 0)},
+		{"field bit after the last", head(3, 1, fTerm<<1)},
 		{"1025 lock names", raw(head(2, 1, fLocks), uv(1025), manyNames)},
 		{"lock names beyond the bytes", raw(head(2, 1, fLocks), uv(1<<40))},
 		{"a lock name cut short", raw(head(2, 1, fLocks), uv(2), str("a"), uv(5), []byte("ab"))},
-		{"version 3", head(3, 1, 0)},
+		{"version 4", head(4, 1, 0)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := lt.DecodeCommand(tc.b)
@@ -234,8 +236,8 @@ func TestDecodeKindCommandRejects(t *testing.T) {
 			}
 		})
 	}
-	if !lt.FromNewerVersion(head(3, 1, 0)) || lt.FromNewerVersion(head(2, 1, 0)) {
-		t.Error("FromNewerVersion does not tell version 3 from 2")
+	if !lt.FromNewerVersion(head(4, 1, 0)) || lt.FromNewerVersion(head(3, 1, 0)) {
+		t.Error("FromNewerVersion does not tell version 4 from 3")
 	}
 	t.Run("every truncation", func(t *testing.T) {
 		full := encode(lt.Command{Op: lt.OpBatch, Now: t0, Batch: kindCommands()})

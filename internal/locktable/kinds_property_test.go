@@ -158,6 +158,19 @@ func (g *kgen) command(t *rapid.T, top bool) lt.Command {
 			lock = li.Name
 		}
 		return endDelay(lock, g.now)
+	case k < 74:
+		// Withdraw a wait: most of the time a real one (single or multi,
+		// by its names), else a client that may hold, wait elsewhere or
+		// not wait at all.
+		c := lt.Command{Op: lt.OpCancel, Now: g.now, Lock: lock, ClientID: rapid.SampledFrom(g.u.clients).Draw(t, "client")}
+		if ws := sortedWaiters(g.tb); len(ws) > 0 && rapid.IntRange(0, 3).Draw(t, "realWait") > 0 {
+			w := rapid.SampledFrom(ws).Draw(t, "waiter")
+			c.Lock, c.ClientID = w.Lock, w.ClientID
+			if w.Locks != nil && rapid.IntRange(0, 3).Draw(t, "byNames") > 0 {
+				c.Lock, c.Locks = "", w.Locks
+			}
+		}
+		return c
 	case k < 76:
 		_, tok, _ := g.grant(t, lock)
 		if rapid.Bool().Draw(t, "revokeAll") {
@@ -555,6 +568,22 @@ func (m *kModel) predict(c lt.Command, r lt.Result) error {
 		l := m.locks[c.Lock]
 		i := l.waiter(c.ClientID)
 		return plain(lt.OK, i >= 0 && l.queue[i].deadline <= now)
+	case lt.OpCancel:
+		// Only the client's own wait, named as it was made: one lock's
+		// by that lock, a multi-acquire's by its names.
+		name := c.Lock
+		if len(c.Locks) > 0 {
+			name = c.Locks[0]
+		}
+		l := m.locks[name]
+		i := l.waiter(c.ClientID)
+		want := i >= 0 && slices.Equal(l.queue[i].locks, c.Locks)
+		if err := plain(lt.OK, want); err != nil {
+			return err
+		}
+		if r.Cancelled != want {
+			return fmt.Errorf("cancelled %v, want %v", r.Cancelled, want)
+		}
 	case lt.OpCreateSession:
 		switch {
 		case c.SessionID == "" || c.TTLms <= 0:
@@ -853,6 +882,10 @@ func (m *kModel) fold(s *kStep, ev lt.Event) error {
 		case lt.ReasonSessionExpired:
 			if w.session == "" || m.sessions[w.session] {
 				return fmt.Errorf("wait ended for a live session")
+			}
+		case lt.ReasonCancelled:
+			if c.Op != lt.OpCancel || c.ClientID != ev.ClientID || !slices.Equal(c.Locks, w.locks) {
+				return fmt.Errorf("wait ended as cancelled without its client's cancel")
 			}
 		default:
 			return fmt.Errorf("reason %q", ev.Reason)

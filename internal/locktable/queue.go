@@ -122,6 +122,7 @@ func (t *Table) removeWaiter(l *Lock, i int) {
 // client). The index must match what Restore rebuilds, or a restored member
 // would diverge.
 func (t *Table) unwait(l *Lock, w Waiter) {
+	t.dl.removeWait(l, &w)
 	t.touch(l)
 	t.chargeLock(w.SessionID, w.Owner, -1)
 	s, ok := t.sessions[w.SessionID]

@@ -244,5 +244,6 @@ func Restore(b []byte) (*Table, error) {
 	if err := t.checkInvariants(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
+	t.dl.rebuild(t)
 	return t, nil
 }

@@ -164,18 +164,20 @@ const releaseMemoSize = 4096
 
 // Table is the whole replicated state.
 type Table struct {
-	lastToken uint64
-	locks     map[string]*Lock
-	sessions  map[string]*Session
-	members   map[string]Member
-	memo      []releaseMemo // ring, oldest at memoHead once full
-	memoHead  int
-	memoIdx   map[memoKey]string // (lock, token) -> client id
-	applying  uint64             // log index of the command being applied; never encoded
-	changed   uint64             // log index of the last change to any lock (dropped ones too)
-	gone      freedLocks         // when recently dropped locks last changed; derived, never encoded
-	usage     map[string]*usage  // per owner identity; derived, never encoded
-	names     nameIndex          // lock names in order, for lists; derived, never encoded
+	lastToken    uint64
+	locks        map[string]*Lock
+	sessions     map[string]*Session
+	members      map[string]Member
+	memo         []releaseMemo // ring, oldest at memoHead once full
+	memoHead     int
+	memoIdx      map[memoKey]string // (lock, token) -> client id
+	applying     uint64             // log index of the command being applied; never encoded
+	applyingTerm uint64             // Raft term of the entry being applied (0: unknown); never encoded
+	changed      uint64             // log index of the last change to any lock (dropped ones too)
+	gone         freedLocks         // when recently dropped locks last changed; derived, never encoded
+	usage        map[string]*usage  // per owner identity; derived, never encoded
+	names        nameIndex          // lock names in order, for lists; derived, never encoded
+	dl           deadlines          // every deadline in time order, for the leader's timers; derived, never encoded
 }
 
 type memoKey struct {
@@ -191,6 +193,7 @@ func New() *Table {
 		members:  map[string]Member{},
 		memoIdx:  map[memoKey]string{},
 		usage:    map[string]*usage{},
+		dl:       newDeadlines(),
 	}
 }
 

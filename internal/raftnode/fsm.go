@@ -96,7 +96,7 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 		return locktable.Result{Code: locktable.CodeInvalid}
 	}
 	f.mu.Lock()
-	res := f.table.ApplyAt(l.Index, cmd)
+	res := f.table.ApplyEntry(l.Index, l.Term, cmd)
 	f.index = l.Index
 	ev := res.AllEvents()
 	var changed []locktable.LockInfo

@@ -294,7 +294,7 @@ func (s *Server) establish(ctx context.Context, done chan struct{}, term uint64)
 	if ctx.Err() != nil {
 		return
 	}
-	s.timers.Start()
+	s.timers.Start(term)
 	s.ready.Store(true)
 	s.log.Info("became leader", "id", s.cfg.ID, "term", term, "ready_after", time.Since(start).Round(time.Millisecond))
 	s.publishSelf(ctx)

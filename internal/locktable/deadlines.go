@@ -1,0 +1,275 @@
+package locktable
+
+import (
+	"cmp"
+	"fmt"
+	"strings"
+
+	"github.com/google/btree"
+)
+
+// deadlines keeps every replicated deadline of the table in time order:
+// grant expiries, waiter deadlines and lock-delay ends, plus the sessions in
+// TTL order. Apply maintains it on every member, in the same step that
+// changes the deadline, so a new leader reads the next due timer instead of
+// walking the table to build timers before it serves (a million held locks
+// took seconds to walk), and a due deadline can never be lost: it stays in
+// the index until the command that ends it commits.
+//
+// It is derived state: never encoded, rebuilt by Restore, and read only by
+// the leader's timers; no Apply decision depends on it.
+//
+// Why a B-tree: the leader reads the earliest items and ranges from a
+// point; Apply inserts and deletes at any point. A heap has no ordered
+// range; a sorted slice moves up to a million entries per insert.
+type deadlines struct {
+	grants   *btree.BTreeG[grantItem] // holders with a TTL, by (ExpiresAt, Token)
+	waits    *btree.BTreeG[waitItem]  // waiters (one item per queue copy), by (Deadline, lock, client)
+	delays   *btree.BTreeG[*Lock]     // locks with a lock-delay, by (DelayedUntil, Name)
+	sessions *btree.BTreeG[*Session]  // sessions, by (TTLms, ID)
+}
+
+// grantItem is a holder with a TTL and its lock (a holder does not know its
+// lock's name).
+type grantItem struct {
+	h *Holder
+	l *Lock
+}
+
+// waitItem is one queued copy of a wait. Waiters are values that move in
+// their queue's slice, so the item carries the key itself.
+type waitItem struct {
+	deadline int64
+	l        *Lock
+	client   string
+}
+
+const deadlineDegree = 32
+
+func newDeadlines() deadlines {
+	return deadlines{
+		grants: btree.NewG(deadlineDegree, func(a, b grantItem) bool {
+			return a.h.ExpiresAt < b.h.ExpiresAt || (a.h.ExpiresAt == b.h.ExpiresAt && a.h.Token < b.h.Token)
+		}),
+		waits: btree.NewG(deadlineDegree, func(a, b waitItem) bool {
+			if a.deadline != b.deadline {
+				return a.deadline < b.deadline
+			}
+			if c := strings.Compare(a.l.Name, b.l.Name); c != 0 {
+				return c < 0
+			}
+			return a.client < b.client
+		}),
+		delays: btree.NewG(deadlineDegree, func(a, b *Lock) bool {
+			return a.DelayedUntil < b.DelayedUntil || (a.DelayedUntil == b.DelayedUntil && a.Name < b.Name)
+		}),
+		sessions: btree.NewG(deadlineDegree, func(a, b *Session) bool {
+			return a.TTLms < b.TTLms || (a.TTLms == b.TTLms && a.ID < b.ID)
+		}),
+	}
+}
+
+// The index follows the few primitives that change a deadline: a holder's
+// expiry is indexed while it is in its lock (grant, unhold) and re-keyed
+// around every change of ExpiresAt (setExpiry); a waiter from enqueue to
+// unwait, re-keyed by rewait; a lock-delay by setDelay.
+
+func (d *deadlines) addGrant(l *Lock, h *Holder) {
+	if h.ExpiresAt != 0 {
+		d.grants.ReplaceOrInsert(grantItem{h, l})
+	}
+}
+
+func (d *deadlines) removeGrant(h *Holder) {
+	if h.ExpiresAt != 0 {
+		d.grants.Delete(grantItem{h: h})
+	}
+}
+
+// setExpiry changes a holder's expiry and its place in the index.
+func (d *deadlines) setExpiry(l *Lock, h *Holder, at int64) {
+	if at == h.ExpiresAt {
+		return
+	}
+	d.removeGrant(h)
+	h.ExpiresAt = at
+	d.addGrant(l, h)
+}
+
+func (d *deadlines) addWait(l *Lock, w *Waiter) {
+	d.waits.ReplaceOrInsert(waitItem{w.Deadline, l, w.ClientID})
+}
+
+func (d *deadlines) removeWait(l *Lock, w *Waiter) {
+	d.waits.Delete(waitItem{w.Deadline, l, w.ClientID})
+}
+
+// setWaitDeadline changes a waiter's deadline and its place in the index.
+func (d *deadlines) setWaitDeadline(l *Lock, w *Waiter, at int64) {
+	if at == w.Deadline {
+		return
+	}
+	d.removeWait(l, w)
+	w.Deadline = at
+	d.addWait(l, w)
+}
+
+// setDelay changes a lock's lock-delay end (0: none) and its place in the
+// index.
+func (d *deadlines) setDelay(l *Lock, until int64) {
+	if until == l.DelayedUntil {
+		return
+	}
+	if l.DelayedUntil != 0 {
+		d.delays.Delete(l)
+	}
+	l.DelayedUntil = until
+	if until != 0 {
+		d.delays.ReplaceOrInsert(l)
+	}
+}
+
+func (d *deadlines) addSession(s *Session)    { d.sessions.ReplaceOrInsert(s) }
+func (d *deadlines) removeSession(s *Session) { d.sessions.Delete(s) }
+
+// rebuild indexes every deadline of t (after Restore).
+func (d *deadlines) rebuild(t *Table) {
+	*d = newDeadlines()
+	for _, l := range t.locks {
+		for _, h := range l.Holders {
+			d.addGrant(l, h)
+		}
+		for i := range l.Waiters {
+			d.addWait(l, &l.Waiters[i])
+		}
+		if l.DelayedUntil != 0 {
+			d.delays.ReplaceOrInsert(l)
+		}
+	}
+	for _, s := range t.sessions {
+		d.addSession(s)
+	}
+}
+
+// DueGrant is a holder whose expiry the leader's timers watch.
+type DueGrant struct {
+	Lock      string
+	Token     uint64
+	ExpiresAt int64
+}
+
+// DueWait is one queued copy of a wait whose deadline the timers watch.
+type DueWait struct {
+	Lock     string
+	ClientID string
+	Deadline int64
+}
+
+// DueDelay is a lock-delay whose end the timers watch.
+type DueDelay struct {
+	Lock  string
+	Until int64
+}
+
+// SessionKey is a session's place in TTL order: (TTLms, ID). The zero key
+// sorts before every session.
+type SessionKey struct {
+	TTLms int64
+	ID    string
+}
+
+// Compare orders keys as the index does.
+func (k SessionKey) Compare(o SessionKey) int {
+	if c := cmp.Compare(k.TTLms, o.TTLms); c != 0 {
+		return c
+	}
+	return strings.Compare(k.ID, o.ID)
+}
+
+// GrantsByExpiry calls fn for the holders with a TTL in expiry order (ties
+// by token), until fn returns false.
+func (t *Table) GrantsByExpiry(fn func(DueGrant) bool) {
+	t.dl.grants.Ascend(func(it grantItem) bool {
+		return fn(DueGrant{Lock: it.l.Name, Token: it.h.Token, ExpiresAt: it.h.ExpiresAt})
+	})
+}
+
+// WaitsByDeadline calls fn for every queued copy of every wait in deadline
+// order, until fn returns false.
+func (t *Table) WaitsByDeadline(fn func(DueWait) bool) {
+	t.dl.waits.Ascend(func(it waitItem) bool {
+		return fn(DueWait{Lock: it.l.Name, ClientID: it.client, Deadline: it.deadline})
+	})
+}
+
+// DelaysByEnd calls fn for every running lock-delay in order of its end,
+// until fn returns false.
+func (t *Table) DelaysByEnd(fn func(DueDelay) bool) {
+	t.dl.delays.Ascend(func(l *Lock) bool {
+		return fn(DueDelay{Lock: l.Name, Until: l.DelayedUntil})
+	})
+}
+
+// SessionsByTTL calls fn for every session after the key `after` in TTL
+// order (ties by id), until fn returns false.
+func (t *Table) SessionsByTTL(after SessionKey, fn func(Session) bool) {
+	pivot := &Session{TTLms: after.TTLms, ID: after.ID}
+	t.dl.sessions.AscendGreaterOrEqual(pivot, func(s *Session) bool {
+		if s.TTLms == after.TTLms && s.ID == after.ID {
+			return true // strictly after
+		}
+		return fn(s.copy())
+	})
+}
+
+// checkDeadlines reports how the index differs from the state, for the
+// invariant checks of tests (and Restore, which rebuilds it).
+func (t *Table) checkDeadlines() error {
+	grants, waits, delays := 0, 0, 0
+	for _, l := range t.locks {
+		for _, h := range l.Holders {
+			if h.ExpiresAt == 0 {
+				continue
+			}
+			grants++
+			if _, ok := t.dl.grants.Get(grantItem{h: h}); !ok {
+				return fmt.Errorf("lock %s: grant %d (expires %d) missing from the deadline index", l.Name, h.Token, h.ExpiresAt)
+			}
+		}
+		for i := range l.Waiters {
+			w := &l.Waiters[i]
+			waits++
+			if _, ok := t.dl.waits.Get(waitItem{w.Deadline, l, w.ClientID}); !ok {
+				return fmt.Errorf("lock %s: wait of %q (deadline %d) missing from the deadline index", l.Name, w.ClientID, w.Deadline)
+			}
+		}
+		if l.DelayedUntil != 0 {
+			delays++
+			if got, ok := t.dl.delays.Get(l); !ok || got != l {
+				return fmt.Errorf("lock %s: delay until %d missing from the deadline index", l.Name, l.DelayedUntil)
+			}
+		}
+	}
+	if grants != t.dl.grants.Len() || waits != t.dl.waits.Len() || delays != t.dl.delays.Len() {
+		return fmt.Errorf("deadline index holds %d grants, %d waits, %d delays; the table %d, %d, %d",
+			t.dl.grants.Len(), t.dl.waits.Len(), t.dl.delays.Len(), grants, waits, delays)
+	}
+	for _, s := range t.sessions {
+		if got, ok := t.dl.sessions.Get(s); !ok || got != s {
+			return fmt.Errorf("session %s missing from the deadline index", s.ID)
+		}
+	}
+	if t.dl.sessions.Len() != len(t.sessions) {
+		return fmt.Errorf("deadline index holds %d sessions, the table %d", t.dl.sessions.Len(), len(t.sessions))
+	}
+	// Every grant item points at a holder that is in its lock.
+	var bad error
+	t.dl.grants.Ascend(func(it grantItem) bool {
+		if l, ok := t.locks[it.l.Name]; !ok || l != it.l || l.holderOf(it.h.ClientID) < 0 || l.Holders[l.holderOf(it.h.ClientID)] != it.h {
+			bad = fmt.Errorf("deadline index holds grant %d of %s, which the lock does not", it.h.Token, it.l.Name)
+			return false
+		}
+		return true
+	})
+	return bad
+}
