@@ -27,6 +27,12 @@ const (
 	// than the lock has while it has holders or waiters (or asks for a
 	// shared grant of a semaphore, or names a semaphore in a multi-acquire).
 	CodeLimitMismatch = "limit_mismatch"
+	// CodeCancelled (409): the waiting acquire was withdrawn by a cancel
+	// (POST /api/v1/locks/{name}/cancel, or the WebSocket op).
+	CodeCancelled = "cancelled"
+	// CodeOverloaded (503, with Retry-After): the member refuses new work
+	// it cannot commit soon; nothing was proposed. Retry after the delay.
+	CodeOverloaded = "overloaded"
 )
 
 // CodeResourceExhausted (429): a quota is used up; the message names the
@@ -45,9 +51,9 @@ func Status(code string) int {
 		return 400
 	case CodeNotFound, CodeSessionExpired:
 		return 404
-	case CodeLockHeld, CodeWaitTimeout, CodeNotHolder, CodeStaleToken, CodeLimitMismatch:
+	case CodeLockHeld, CodeWaitTimeout, CodeNotHolder, CodeStaleToken, CodeLimitMismatch, CodeCancelled:
 		return 409
-	case CodeNoLeader, CodeNotLeader:
+	case CodeNoLeader, CodeNotLeader, CodeOverloaded:
 		return 503
 	case CodePayloadTooLarge:
 		return 413
@@ -201,10 +207,32 @@ type RenewRequest struct {
 	TTLms        *int64 `json:"ttl_ms,omitempty"`
 }
 
-// RenewReply is the 200 reply of renew.
+// RenewReply is the 200 reply of renew. FencingProof is the grant's proof
+// re-signed for its new expiry (with a signing key): a proof expires with
+// the grant it was signed for.
 type RenewReply struct {
-	Renewed   bool   `json:"renewed"`
-	ExpiresAt string `json:"expires_at,omitempty"`
+	Renewed      bool   `json:"renewed"`
+	ExpiresAt    string `json:"expires_at,omitempty"`
+	FencingProof string `json:"fencing_proof,omitempty"`
+}
+
+// CancelRequest is the body of POST /api/v1/locks/{name}/cancel.
+type CancelRequest struct {
+	ClientID string `json:"client_id"`
+}
+
+// CancelManyRequest is the body of POST /api/v1/cancel: a multi-acquire's
+// wait, named by all its locks.
+type CancelManyRequest struct {
+	ClientID string   `json:"client_id"`
+	Locks    []string `json:"locks"`
+}
+
+// CancelReply is the 200 reply of a cancel: whether a queued wait was
+// withdrawn (false when none was queued; a grant already made is not
+// undone).
+type CancelReply struct {
+	Cancelled bool `json:"cancelled"`
 }
 
 // LockStatus is the reply of GET /api/v1/locks/{name} and an element of

@@ -10,6 +10,7 @@ const (
 	OpValue     = "value"
 	OpWatch     = "watch"
 	OpUnwatch   = "unwatch"
+	OpCancel    = "cancel" // withdraw the queued wait on Lock (or a multi-acquire's, on Locks)
 )
 
 // WebSocket reply and push types (the "type" of a server frame).
@@ -75,4 +76,6 @@ type WSMessage struct {
 	WatchID uint64      `json:"watch_id,omitempty"`
 	Index   uint64      `json:"index,omitempty"`
 	Status  *LockStatus `json:"status,omitempty"`
+	// Cancelled answers a cancel: whether a queued wait was withdrawn.
+	Cancelled *bool `json:"cancelled,omitempty"`
 }

@@ -163,10 +163,12 @@ func New(cfg Config) *Handler {
 	rt.handle("POST", "/api/v1/locks/{name}/release", h.release)
 	rt.handle("POST", "/api/v1/locks/{name}/renew", h.renew)
 	rt.handle("POST", "/api/v1/locks/{name}/value", h.setValue) // SPEC "Values and elections"
+	rt.handle("POST", "/api/v1/locks/{name}/cancel", h.cancel)  // SPEC 18
 	rt.handle("GET", "/api/v1/locks/{name}", h.getLock)
 	rt.handle("DELETE", "/api/v1/locks/{name}", h.revoke) // SPEC "Revocation"
 	rt.handle("GET", "/api/v1/locks", h.listLocks)
 	rt.handle("POST", "/api/v1/acquire", h.acquireMany) // SPEC "Multi-lock"
+	rt.handle("POST", "/api/v1/cancel", h.cancelMany)   // SPEC 18
 	rt.handle("POST", "/api/v1/sessions", h.createSession)
 	rt.handle("POST", "/api/v1/sessions/{id}/keepalive", h.keepalive)
 	rt.handle("DELETE", "/api/v1/sessions/{id}", h.deleteSession)
@@ -516,9 +518,14 @@ func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify
 				if ev.Deadline != waitDeadline {
 					continue // an earlier wait of this client on this lock
 				}
-				if ev.Reason == locktable.ReasonSessionExpired {
+				switch ev.Reason {
+				case locktable.ReasonSessionExpired:
 					writeError(w, &apiError{code: api.CodeSessionExpired, msg: "the session ended while waiting for " + what})
 					return false, api.CodeSessionExpired
+				case locktable.ReasonCancelled:
+					writeJSON(w, 409, api.AcquireReply{Acquired: false,
+						Error: &api.Error{Code: api.CodeCancelled, Message: "the wait for " + what + " was withdrawn (cancel)"}})
+					return false, api.CodeCancelled
 				}
 				return timedOut()
 			}
@@ -649,7 +656,11 @@ func (h *Handler) renew(w http.ResponseWriter, r *http.Request) {
 		writeError(w, stateError(res.Code, name, ""))
 		return
 	}
-	writeJSON(w, 200, api.RenewReply{Renewed: true, ExpiresAt: api.FormatTime(res.ExpiresAt)})
+	// A proof expires with the grant it was signed for: a renewal hands
+	// out one for the new expiry, or the holder's fenced writes would be
+	// refused while it still holds the lock.
+	writeJSON(w, 200, api.RenewReply{Renewed: true, ExpiresAt: api.FormatTime(res.ExpiresAt),
+		FencingProof: h.b.Sign(name, res.Token, res.Mode, res.ExpiresAt)})
 }
 
 func statusOf(li locktable.LockInfo) api.LockStatus {

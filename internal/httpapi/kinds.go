@@ -227,18 +227,9 @@ func validMultiAcquire(req *api.MultiAcquireRequest) ([]string, error) {
 	if err := validClientID("client_id", req.ClientID); err != nil {
 		return nil, err
 	}
-	if n := len(req.Locks); n < api.MinMultiLocks || n > api.MaxMultiLocks {
-		return nil, invalid("locks names %d locks; a multi-acquire takes %d to %d distinct names", n, api.MinMultiLocks, api.MaxMultiLocks)
-	}
-	seen := make(map[string]bool, len(req.Locks))
-	for i, name := range req.Locks {
-		if why := ValidLockName(name); why != "" {
-			return nil, invalid("locks[%d]: %s", i, why)
-		}
-		if seen[name] {
-			return nil, invalid("locks names %q twice", name)
-		}
-		seen[name] = true
+	names, err := validLockSet(req.Locks)
+	if err != nil {
+		return nil, err
 	}
 	if err := checkRange("ttl_ms", req.TTLms, api.MinTTLms, api.MaxTTLms); err != nil {
 		return nil, err
@@ -249,7 +240,26 @@ func validMultiAcquire(req *api.MultiAcquireRequest) ([]string, error) {
 	if err := validSessionID(req.SessionID); err != nil {
 		return nil, err
 	}
-	names := slices.Clone(req.Locks)
+	return names, nil
+}
+
+// validLockSet checks a multi-acquire's names (distinct valid names, 2 to
+// 64 of them) and returns them in name order.
+func validLockSet(locks []string) ([]string, error) {
+	if n := len(locks); n < api.MinMultiLocks || n > api.MaxMultiLocks {
+		return nil, invalid("locks names %d locks; a multi-acquire takes %d to %d distinct names", n, api.MinMultiLocks, api.MaxMultiLocks)
+	}
+	seen := make(map[string]bool, len(locks))
+	for i, name := range locks {
+		if why := ValidLockName(name); why != "" {
+			return nil, invalid("locks[%d]: %s", i, why)
+		}
+		if seen[name] {
+			return nil, invalid("locks names %q twice", name)
+		}
+		seen[name] = true
+	}
+	names := slices.Clone(locks)
 	slices.Sort(names)
 	return names, nil
 }

@@ -313,6 +313,8 @@ func (wc *wsConn) serve(req api.WSRequest) {
 		herr = wc.keepalive(req)
 	case api.OpValue:
 		herr = wc.value(req)
+	case api.OpCancel:
+		herr = wc.cancelWait(req)
 	case api.OpWatch:
 		herr = wc.watch(req)
 	case api.OpUnwatch:
@@ -669,8 +671,48 @@ func (wc *wsConn) renew(req api.WSRequest) error {
 	if res.Code != locktable.OK {
 		return stateError(res.Code, req.Lock, "")
 	}
+	// A fresh proof for the new expiry (see Handler.renew).
 	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, Lock: req.Lock, FencingToken: res.Token,
-		ExpiresAt: api.FormatTime(res.ExpiresAt)})
+		ExpiresAt: api.FormatTime(res.ExpiresAt), FencingProof: wc.h.b.Sign(req.Lock, res.Token, res.Mode, res.ExpiresAt)})
+	return nil
+}
+
+// cancelWait withdraws this connection's client's queued wait on a lock,
+// or its multi-acquire's on Locks (SPEC 18). The withdrawn acquire is
+// answered cancelled by its push, from the committed step; the reply says
+// whether a wait was withdrawn. It runs on the lock's lane, after every
+// earlier request naming the lock.
+func (wc *wsConn) cancelWait(req api.WSRequest) error {
+	cmd := locktable.Command{Op: locktable.OpCancel, ClientID: wc.client, Owner: wc.id.Name}
+	if len(req.Locks) > 0 {
+		if req.Lock != "" {
+			return invalid("a cancel names either lock or locks, not both")
+		}
+		names, err := validLockSet(req.Locks)
+		if err != nil {
+			return err
+		}
+		cmd.Locks = names
+	} else {
+		if why := ValidLockName(req.Lock); why != "" {
+			return invalid("%s", why)
+		}
+		cmd.Lock = req.Lock
+	}
+	for _, n := range requestLocks(req) {
+		if err := wc.allowLock(n); err != nil {
+			return err
+		}
+	}
+	res, err := wc.h.b.Propose(wc.ctx, cmd)
+	if err != nil {
+		return err
+	}
+	if res.Code != locktable.OK {
+		return stateError(res.Code, req.Lock, "")
+	}
+	cancelled := res.Cancelled
+	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, Lock: req.Lock, Cancelled: &cancelled})
 	return nil
 }
 
@@ -776,8 +818,11 @@ func (wc *wsConn) push(ev locktable.Event) {
 		}
 		wc.mu.Unlock()
 		code, msg := api.CodeWaitTimeout, "timed out waiting for "+what
-		if ev.Reason == locktable.ReasonSessionExpired {
+		switch ev.Reason {
+		case locktable.ReasonSessionExpired:
 			code, msg = api.CodeSessionExpired, "the session ended while waiting for "+what
+		case locktable.ReasonCancelled:
+			code, msg = api.CodeCancelled, "the wait for "+what+" was withdrawn (cancel)"
 		}
 		for _, p := range ended {
 			wc.send(api.WSMessage{ID: p.id, Type: api.TypeError, Lock: ev.Lock, Error: &api.Error{Code: code, Message: msg}})
