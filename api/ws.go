@@ -53,6 +53,12 @@ type WSRequest struct {
 	// empty, prefix); unwatch WatchID.
 	Prefix  *string `json:"prefix,omitempty"`
 	WatchID uint64  `json:"watch_id,omitempty"`
+	// Handoff makes a release hand the lock on to another acquire of the
+	// same client and lock, in the same committed step (one commit instead
+	// of two): the release is answered under this frame's id, the acquire
+	// (its own id, and the acquire fields of this frame) as any acquire.
+	// The acquire joins the queue behind every waiter already there.
+	Handoff *WSRequest `json:"handoff,omitempty"`
 }
 
 // WSMessage is one server frame: a reply to a request (ID set) or a push.

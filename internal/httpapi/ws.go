@@ -426,21 +426,30 @@ func (wc *wsConn) acquire(req api.WSRequest) error {
 	if len(req.Locks) > 0 {
 		return wc.acquireMany(req)
 	}
+	cmd, err := wc.acquireCommand(req)
+	if err != nil {
+		return err
+	}
+	return wc.proposeAcquire(req.ID, cmd, nil)
+}
+
+// acquireCommand checks a one-lock acquire and makes its command.
+func (wc *wsConn) acquireCommand(req api.WSRequest) (locktable.Command, error) {
 	if why := ValidLockName(req.Lock); why != "" {
-		return invalid("%s", why)
+		return locktable.Command{}, invalid("%s", why)
 	}
 	if err := wc.allowLock(req.Lock); err != nil {
-		return err
+		return locktable.Command{}, err
 	}
 	if err := checkRange("ttl_ms", req.TTLms, api.MinTTLms, api.MaxTTLms); err != nil {
-		return err
+		return locktable.Command{}, err
 	}
 	if err := checkRange("wait_timeout_ms", req.WaitTimeoutMs, 0, api.MaxWaitTimeoutMs); err != nil {
-		return err
+		return locktable.Command{}, err
 	}
 	cmd, err := validKinds(req.Mode, req.Limit, req.LockDelayMs, req.Value)
 	if err != nil {
-		return err
+		return locktable.Command{}, err
 	}
 	cmd.Op, cmd.Lock, cmd.ClientID, cmd.SessionID, cmd.Owner = locktable.OpAcquire, req.Lock, wc.client, wc.session, wc.id.Name
 	if req.TTLms != nil {
@@ -449,12 +458,23 @@ func (wc *wsConn) acquire(req api.WSRequest) error {
 	if req.WaitTimeoutMs != nil {
 		cmd.WaitMs = *req.WaitTimeoutMs
 	}
+	return cmd, nil
+}
+
+// proposeAcquire proposes a one-lock acquire answered under id. A
+// hand-off's (cmd.Token set) release is answered by released, once the
+// step committed, before anything of the acquire is answered here (a grant
+// push may still overtake it).
+func (wc *wsConn) proposeAcquire(id uint64, cmd locktable.Command, released func(locktable.Result, error)) error {
 	// Record the request before proposing: the grant push may race the reply.
-	p := &pendingAcquire{id: req.ID}
+	p := &pendingAcquire{id: id}
 	wc.mu.Lock()
-	wc.pending[req.Lock] = append(wc.pending[req.Lock], p)
+	wc.pending[cmd.Lock] = append(wc.pending[cmd.Lock], p)
 	wc.mu.Unlock()
 	res, err := wc.h.b.Propose(wc.ctx, cmd)
+	if released != nil {
+		released(res, err)
+	}
 	if err == nil && res.Code == locktable.OK {
 		// Granted or queued: a grant reaches the client through pushLoop, the
 		// one path for grants, so a fast hand-off cannot be lost or sent
@@ -463,25 +483,25 @@ func (wc *wsConn) acquire(req api.WSRequest) error {
 			// A try by a client already waiting (an earlier acquire on this
 			// connection): the try cannot be granted now; the earlier wait
 			// keeps its place and its own answer.
-			if wc.unpend(req.Lock, p) {
+			if wc.unpend(cmd.Lock, p) {
 				var holder string
-				wc.h.b.View(func(t *locktable.Table) { holder = t.Get(req.Lock).ClientID })
-				return stateError(locktable.CodeLockHeld, req.Lock, holder)
+				wc.h.b.View(func(t *locktable.Table) { holder = t.Get(cmd.Lock).ClientID })
+				return stateError(locktable.CodeLockHeld, cmd.Lock, holder)
 			}
 			return nil // granted meanwhile: the push answered it
 		}
 		if res.Queued {
-			wc.queued(req.Lock, p, res)
+			wc.queued(cmd.Lock, p, res)
 		}
 		return nil
 	}
-	if !wc.unpend(req.Lock, p) {
+	if !wc.unpend(cmd.Lock, p) {
 		return nil // answered by a push meanwhile
 	}
 	if err != nil {
 		return err
 	}
-	return resultError(res, req.Lock)
+	return resultError(res, cmd.Lock)
 }
 
 // multiKey is the pending key of a multi-acquire: its names in name order,
@@ -638,6 +658,9 @@ func (wc *wsConn) release(req api.WSRequest) error {
 	if err := wc.allowLock(req.Lock); err != nil {
 		return err
 	}
+	if req.Handoff != nil {
+		return wc.handOff(req)
+	}
 	res, err := wc.h.b.Propose(wc.ctx, locktable.Command{Op: locktable.OpRelease, Lock: req.Lock,
 		ClientID: wc.client, Token: req.FencingToken, Owner: wc.id.Name})
 	if err != nil {
@@ -647,6 +670,59 @@ func (wc *wsConn) release(req api.WSRequest) error {
 		return stateError(res.Code, req.Lock, "")
 	}
 	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, Lock: req.Lock, FencingToken: req.FencingToken})
+	return nil
+}
+
+// handOff is a release that hands the lock on to another acquire of this
+// client (req.Handoff) in the same committed step: the release answers
+// under req.ID, the acquire under its own id. Both are checked before
+// either is proposed: a bad acquire leaves the grant held.
+func (wc *wsConn) handOff(req api.WSRequest) error {
+	next := *req.Handoff
+	switch {
+	case next.ID == 0 || next.ID == req.ID:
+		return invalid("handoff.id: the acquire needs an id of its own")
+	case next.Op != "" && next.Op != api.OpAcquire:
+		return invalid("handoff.op: a hand-off is an acquire")
+	case next.Lock != "" && next.Lock != req.Lock:
+		return invalid("handoff.lock: a hand-off acquires the lock it releases")
+	case len(next.Locks) > 0 || next.Handoff != nil || next.Prefix != nil || next.WatchID != 0 || next.FencingToken != 0 ||
+		next.ClientID != "" || next.SessionID != "" || next.SessionTTLms != nil:
+		return invalid("handoff: only an acquire's fields (id, ttl_ms, wait_timeout_ms, mode, limit, lock_delay_ms, value)")
+	}
+	if req.FencingToken == 0 {
+		return invalid("fencing_token is required")
+	}
+	next.Lock = req.Lock
+	cmd, err := wc.acquireCommand(next)
+	if err != nil {
+		return err
+	}
+	cmd.Token = req.FencingToken
+	var relErr error
+	err = wc.proposeAcquire(next.ID, cmd, func(res locktable.Result, err error) {
+		switch {
+		case err != nil:
+			relErr = err // the acquire's answer carries it too
+		case res.Released:
+			wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, Lock: req.Lock, FencingToken: req.FencingToken})
+		case res.Code == locktable.OK || res.Code == locktable.CodeLockHeld || res.Code == locktable.CodeResourceExhausted ||
+			res.Code == locktable.CodeLimitMismatch:
+			wc.replyErr(req.ID, stateError(locktable.CodeNotHolder, req.Lock, ""))
+		default:
+			wc.replyErr(req.ID, resultError(res, req.Lock))
+		}
+	})
+	if relErr != nil {
+		wc.replyErr(req.ID, relErr)
+	}
+	if err != nil {
+		wc.replyErr(next.ID, err)
+		if errors.Is(err, ErrNotLeader) {
+			wc.notLeader()
+			wc.end()
+		}
+	}
 	return nil
 }
 

@@ -105,6 +105,7 @@ type Result struct {
 	Grants    []Grant  // multi-acquire: one grant per lock, in name order
 	Tokens    []uint64 // revoke: the grants it ended
 	Cancelled bool     // cancel: a queued wait was withdrawn
+	Released  bool     // acquire with a hand-off (Command.Token): the client's grant Token was released first
 	// Quota and QuotaLimit name the quota a resource_exhausted refusal hit
 	// and its value in the command.
 	Quota      Quota
@@ -161,9 +162,12 @@ func (t *Table) Apply(c Command) Result {
 	}
 	switch c.Op {
 	case OpAcquire:
-		if len(c.Locks) > 0 {
+		switch {
+		case len(c.Locks) > 0:
 			t.acquireMany(c, &r)
-		} else {
+		case c.Token != 0:
+			t.handOff(c, &r)
+		default:
 			t.acquire(c, &r)
 		}
 	case OpRevoke:
@@ -370,6 +374,25 @@ func (t *Table) acquire(c Command, r *Result) {
 	t.enqueue(l, w, sess)
 	r.Queued, r.Position = true, len(l.Waiters)-1
 	r.Events = append(r.Events, queuedEvent(l.Name, w))
+}
+
+// handOff is an acquire that first releases the same client's grant
+// c.Token of the same lock, in one step: one process's goroutines pass a
+// lock from one to the next with one commit instead of two in series. The
+// release is an ordinary explicit release (no lock-delay, the next waiter
+// in the queue is granted first); the acquire then comes after every
+// waiter already queued, so FIFO across clients is kept, and a grant is
+// always a new one with its own token. A release that finds no such grant
+// (the lock was lost meanwhile) leaves Released false and the acquire
+// proceeds as any other.
+func (t *Table) handOff(c Command, r *Result) {
+	rel := Command{Op: OpRelease, Now: c.Now, Lock: c.Lock, ClientID: c.ClientID, Token: c.Token, Owner: c.Owner}
+	var rr Result
+	t.release(rel, &rr)
+	c.Token = 0
+	t.acquire(c, r)
+	r.Released = rr.Code == OK
+	r.Events = append(rr.Events, r.Events...)
 }
 
 func (l *Lock) setLimit(n int64) {

@@ -60,13 +60,16 @@ type Command struct {
 	Lock      string
 	ClientID  string
 	SessionID string
-	Token     uint64
-	TTLms     int64 // lock TTL (acquire, renew) or session TTL (create session)
-	WaitMs    int64 // acquire: how long to queue; 0 = try once
-	MemberID  string
-	RaftAddr  string
-	HTTPAddr  string
-	Batch     []Command // OpBatch only; nesting is refused
+	// Token is the grant a command acts on (release, renew, value, expire,
+	// revoke); on an acquire, the client's grant of the same lock to
+	// release first, in the same step (a hand-off).
+	Token    uint64
+	TTLms    int64 // lock TTL (acquire, renew) or session TTL (create session)
+	WaitMs   int64 // acquire: how long to queue; 0 = try once
+	MemberID string
+	RaftAddr string
+	HTTPAddr string
+	Batch    []Command // OpBatch only; nesting is refused
 	// Owner is the identity the command acts for: the auth token's name,
 	// "" with auth off. Create session records it as the session's owner;
 	// acquire records it on the holder or waiter it makes and charges it
@@ -153,8 +156,8 @@ func (c *Command) Encode() []byte {
 func (c *Command) version() byte {
 	v := byte(1)
 	switch mask := c.mask(); {
-	case c.Op >= firstV3Op || mask&^fV2 != 0:
-		return 3
+	case c.Op >= firstV3Op || mask&^fV2 != 0 || (c.Op == OpAcquire && c.Token != 0):
+		return 3 // an acquire's Token (a hand-off) means nothing to older members
 	case c.Op >= firstV2Op || mask&^fV1 != 0:
 		v = 2
 	}

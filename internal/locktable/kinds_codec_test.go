@@ -58,11 +58,12 @@ func TestKindCommandRoundTrip(t *testing.T) {
 	}
 }
 
-// TestCommandVersionProperty: every command round-trips; it is written as
-// version 1 exactly when a version-1 member could apply it (an op below
-// OpRevoke and none of the kinds' fields, in it or in any command of its
-// batch), else as version 2; and a version-2 command relabelled version 1
-// is refused, never read as something else.
+// TestCommandVersionProperty: every command round-trips; it is written in
+// the oldest version a member could apply it alike (version 1: an op below
+// OpRevoke and none of the kinds' fields; version 2: an op below OpCancel,
+// no timer term and no hand-off; else version 3), in it or in any command
+// of its batch; and a command relabelled with an older version is refused,
+// never read as something else.
 func TestCommandVersionProperty(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		c := drawKindCommand(t, "c")
@@ -84,10 +85,10 @@ func TestCommandVersionProperty(t *testing.T) {
 		if want := byte(versionOf(c)); b[0] != want {
 			t.Fatalf("%v: version %d, want %d", describe(c), b[0], want)
 		}
-		if b[0] == 2 {
-			b1 := append([]byte{1}, b[1:]...)
-			if got, err := lt.DecodeCommand(b1); !errors.Is(err, lt.ErrCorrupt) {
-				t.Fatalf("a version-2 command labelled version 1 decoded: %+v, %v", got, err)
+		for older := byte(1); older < b[0]; older++ {
+			bo := append([]byte{older}, b[1:]...)
+			if got, err := lt.DecodeCommand(bo); !errors.Is(err, lt.ErrCorrupt) {
+				t.Fatalf("a version-%d command labelled version %d decoded: %+v, %v", b[0], older, got, err)
 			}
 		}
 	})
@@ -96,15 +97,17 @@ func TestCommandVersionProperty(t *testing.T) {
 // versionOf is the version a command must be written as, worked out from
 // the fields, independently of the encoder.
 func versionOf(c lt.Command) int {
-	if c.Op >= lt.OpRevoke || c.Mode != 0 || c.Limit != 0 || c.DelayMs != 0 || c.Value != "" || len(c.Locks) > 0 {
-		return 2
+	v := 1
+	switch {
+	case c.Op >= lt.OpCancel || c.Term != 0 || (c.Op == lt.OpAcquire && c.Token != 0):
+		return 3
+	case c.Op >= lt.OpRevoke || c.Mode != 0 || c.Limit != 0 || c.DelayMs != 0 || c.Value != "" || len(c.Locks) > 0:
+		v = 2
 	}
 	for _, s := range c.Batch {
-		if versionOf(s) == 2 {
-			return 2
-		}
+		v = max(v, versionOf(s))
 	}
-	return 1
+	return v
 }
 
 // drawKindCommand draws a command of a known op other than batch, old
@@ -118,7 +121,7 @@ func drawKindCommand(t *rapid.T, label string) lt.Command {
 	}
 	ops := []lt.Op{lt.OpAcquire, lt.OpRelease, lt.OpRenew, lt.OpExpireLock, lt.OpTimeoutWaiter,
 		lt.OpCreateSession, lt.OpDeleteSession, lt.OpExpireSession, lt.OpSetMember, lt.OpRemoveMember,
-		lt.OpCheckpoint, lt.OpRevoke, lt.OpEndDelay, lt.OpSetValue}
+		lt.OpCheckpoint, lt.OpRevoke, lt.OpEndDelay, lt.OpSetValue, lt.OpCancel}
 	c := lt.Command{
 		Op:        rapid.SampledFrom(ops).Draw(t, label+".op"),
 		Now:       rapid.Int64().Draw(t, label+".now"),
@@ -129,6 +132,7 @@ func drawKindCommand(t *rapid.T, label string) lt.Command {
 		TTLms:     rapid.SampledFrom([]int64{0, 1000, -1}).Draw(t, label+".ttl"),
 		WaitMs:    rapid.SampledFrom([]int64{0, 5000}).Draw(t, label+".wait"),
 		Owner:     str("owner"),
+		Term:      rapid.SampledFrom([]uint64{0, 0, 0, 7}).Draw(t, label+".term"),
 	}
 	if rapid.IntRange(0, 3).Draw(t, label+".quotas") == 0 {
 		c.Quotas = lt.Quotas{Locks: 5, LocksPerOwner: rapid.Int64Range(-1, 3).Draw(t, label+".q")}

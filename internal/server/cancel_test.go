@@ -233,3 +233,82 @@ func TestCancelAndRenewProofWebSocket(t *testing.T) {
 		t.Fatalf("HTTP renew: %s (%v)", r.Raw, err)
 	}
 }
+
+// A release that hands the lock on to another acquire of the same client
+// (issue: one Client, fair and fast on one hot lock): one committed step,
+// a new token, FIFO across clients kept; a malformed hand-off changes
+// nothing.
+func TestHandOffWebSocket(t *testing.T) {
+	c := testutil.NewCluster(t, 1, testutil.Options{})
+	l := c.WaitLeader(10 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w := dialWS(t, ctx, l.URL(), "proc")
+	w.send(map[string]any{"id": 2, "op": "acquire", "lock": "hot", "ttl_ms": 30000})
+	g := w.readUntil(2)
+	if g.Type != api.TypeGranted {
+		t.Fatalf("grant: %+v", g)
+	}
+	commit := func() uint64 { return testutil.Get(l.URL() + "/api/v1/status").Uint("commit_index") }
+
+	// Malformed hand-offs are refused before anything is proposed.
+	for i, h := range []map[string]any{
+		{"id": 0},
+		{"id": 3, "lock": "other"},
+		{"id": 3, "op": "release"},
+		{"id": 3, "locks": []string{"a", "b"}},
+		{"id": 3, "ttl_ms": 5},
+		{"id": 3, "bogus": 1},
+	} {
+		w.send(map[string]any{"id": 100 + i, "op": "release", "lock": "hot", "fencing_token": g.FencingToken, "handoff": h})
+		if m := w.readUntil(uint64(100 + i)); m.Type != api.TypeError {
+			t.Fatalf("hand-off %v: %+v", h, m)
+		}
+	}
+	if st := testutil.Get(lockURL(l, "hot", "")); st.Uint("fencing_token") != g.FencingToken {
+		t.Fatalf("a refused hand-off changed the lock: %s", st.Raw)
+	}
+
+	// Nobody waits: one commit releases and grants anew.
+	before := commit()
+	w.send(map[string]any{"id": 4, "op": "release", "lock": "hot", "fencing_token": g.FencingToken,
+		"handoff": map[string]any{"id": 5, "ttl_ms": 30000, "wait_timeout_ms": 10000}})
+	var rel, next *api.WSMessage
+	for rel == nil || next == nil {
+		m := w.read()
+		switch m.ID {
+		case 4:
+			rel = &m
+		case 5:
+			next = &m
+		}
+	}
+	if rel.Type != api.TypeOK || next.Type != api.TypeGranted || next.FencingToken <= g.FencingToken {
+		t.Fatalf("hand-off: release %+v, acquire %+v", rel, next)
+	}
+	if d := commit() - before; d != 1 {
+		t.Fatalf("the hand-off took %d log entries, want 1", d)
+	}
+
+	// Another client waits: it is served first, the hand-off queues.
+	other := make(chan testutil.Reply, 1)
+	go func() {
+		other <- testutil.Post(lockURL(l, "hot", "acquire"), map[string]any{"client_id": "other", "ttl_ms": 30000, "wait_timeout_ms": 10000})
+	}()
+	testutil.WaitFor(t, 5*time.Second, "the other client to queue", func() bool {
+		return testutil.Get(lockURL(l, "hot", "")).Uint("waiters") == 1
+	})
+	w.send(map[string]any{"id": 6, "op": "release", "lock": "hot", "fencing_token": next.FencingToken,
+		"handoff": map[string]any{"id": 7, "ttl_ms": 30000, "wait_timeout_ms": 10000}})
+	if m := w.readUntil(6); m.Type != api.TypeOK {
+		t.Fatalf("release of the second hand-off: %+v", m)
+	}
+	o := <-other
+	if o.Status != 200 || o.Uint("fencing_token") <= next.FencingToken {
+		t.Fatalf("the client that waited first: %s", o.Raw)
+	}
+	testutil.Post(lockURL(l, "hot", "release"), map[string]any{"client_id": "other", "fencing_token": o.Uint("fencing_token")})
+	if m := w.readUntil(7); m.Type != api.TypeGranted || m.FencingToken <= o.Uint("fencing_token") {
+		t.Fatalf("the queued hand-off: %+v", m)
+	}
+}
