@@ -531,8 +531,8 @@ func TestOpenAPIConformance(t *testing.T) {
 
 // notExercised lists what the scenario does not provoke, with the reason.
 var notExercised = map[string]string{
-	"code internal":  "a member failure; nothing in a healthy cluster answers 500",
-	"ws type resync": "a watcher must fall 256 changes or 1024 frames behind; covered by internal/httpapi's watch tests",
+	"code internal":   "a member failure; nothing in a healthy cluster answers 500",
+	"ws type resync":  "a watcher must fall 256 changes or 1024 frames behind; covered by internal/httpapi's watch tests",
 	"code overloaded": "no member refuses work as overloaded until admission control is in place",
 }
 
