@@ -84,4 +84,8 @@ type WSMessage struct {
 	Status  *LockStatus `json:"status,omitempty"`
 	// Cancelled answers a cancel: whether a queued wait was withdrawn.
 	Cancelled *bool `json:"cancelled,omitempty"`
+	// RetryAfterMs comes with an overloaded or resource_exhausted error
+	// that admission control answered: when to send the request again (the
+	// WebSocket's Retry-After).
+	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
 }

@@ -76,6 +76,9 @@ func run(args []string, stderr io.Writer) int {
 	fs.IntVar(&cfg.Conns.MaxConnsPerIP, "max-conns-per-ip", server.DefaultMaxConnsPerIP, "client API connections open at once from one remote IP")
 	fs.DurationVar(&cfg.Conns.IdleTimeout, "idle-timeout", server.DefaultIdleTimeout, "close a client API keep-alive connection idle this long")
 	fs.DurationVar(&cfg.Conns.BodyTimeout, "body-timeout", server.DefaultBodyTimeout, "a request body must arrive within this (headers: 10 s)")
+	fs.DurationVar(&cfg.Admission.Target, "admission-target", 200*time.Millisecond, "admission control: new work (acquires, sessions) is admitted while what is outstanding commits within this at the measured commit rate; above it, 503 overloaded with Retry-After")
+	fs.IntVar(&cfg.Admission.MinLimit, "admission-min", 256, "admission control: proposals that may always be outstanding, whatever the measured rate")
+	fs.IntVar(&cfg.Admission.MaxLimit, "admission-max", 8192, "admission control: proposals that may never be exceeded by new work, whatever the measured rate (releases and renewals may use 4 times the limit)")
 	fs.Int64Var(&cfg.MaxRestoreBytes, "max-restore-bytes", 256<<20, "largest backup a restore accepts (413 beyond); below 2 GiB, the largest snapshot a member reads")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {

@@ -62,7 +62,7 @@ func (h *Handler) proposeCancel(w http.ResponseWriter, r *http.Request, who auth
 	if h.routeToLeader(w, r) {
 		return
 	}
-	res, err := h.b.Propose(r.Context(), locktable.Command{Op: locktable.OpCancel, Lock: lock, Locks: locks,
+	res, err := h.propose(r.Context(), locktable.Command{Op: locktable.OpCancel, Lock: lock, Locks: locks,
 		ClientID: client, Owner: who.Name})
 	if err != nil {
 		writeError(w, err)

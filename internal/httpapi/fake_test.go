@@ -37,6 +37,9 @@ type fakeBackend struct {
 	// commitDelay, when set, is how long every proposal takes to commit
 	// (concurrent proposals overlap, as replication rounds do).
 	commitDelay time.Duration
+	// gate, when set, holds every proposal until it is closed (a cluster
+	// that commits nothing for a while).
+	gate chan struct{}
 }
 
 func newFake() *fakeBackend {
@@ -71,6 +74,13 @@ func (f *fakeBackend) Propose(ctx context.Context, cmd locktable.Command) (lockt
 	f.proposed.Add(1)
 	if f.commitDelay > 0 {
 		time.Sleep(f.commitDelay)
+	}
+	if f.gate != nil {
+		select {
+		case <-f.gate:
+		case <-ctx.Done():
+			return locktable.Result{}, fmt.Errorf("%w: %v", ErrUnknownOutcome, ctx.Err())
+		}
 	}
 	f.mu.Lock()
 	if f.before != nil {

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/admission"
 	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/locktable"
 	"github.com/lockd/lockd/internal/notify"
@@ -99,21 +100,28 @@ type Observer interface {
 	AcquireDone(outcome string, d time.Duration)
 	// WebSocketConns moves the open WebSocket connection gauge.
 	WebSocketConns(delta int)
+	// Refused counts work refused by admission control, by code
+	// (overloaded, resource_exhausted) and op.
+	Refused(code, op string)
 }
 
 type nopObserver struct{}
 
 func (nopObserver) AcquireDone(string, time.Duration) {}
 func (nopObserver) WebSocketConns(int)                {}
+func (nopObserver) Refused(string, string)            {}
 
 // Config configures the handler.
 type Config struct {
 	Backend  Backend
 	Observer Observer
 	// Auth checks bearer tokens; nil turns authentication off.
-	Auth    *auth.Store
-	Logger  *slog.Logger
-	Metrics http.Handler // served at /metrics; nil serves 404
+	Auth *auth.Store
+	// Admission refuses work this member cannot commit soon (SPEC 15);
+	// nil admits everything.
+	Admission *admission.Controller
+	Logger    *slog.Logger
+	Metrics   http.Handler // served at /metrics; nil serves 404
 	// Extra routes (dashboard and the like) mounted on the same mux.
 	Extra map[string]http.Handler
 	// Pprof serves Go's profiler under /debug/pprof/ (admin access).
@@ -141,6 +149,7 @@ type Handler struct {
 	routes router
 	// maxRestore bounds an uploaded backup (Config.MaxRestoreBytes).
 	maxRestore int64
+	adm        *admission.Controller
 }
 
 // New builds the handler.
@@ -155,7 +164,7 @@ func New(cfg Config) *Handler {
 		cfg.MaxRestoreBytes = DefaultMaxRestoreBytes
 	}
 	h := &Handler{b: cfg.Backend, obs: cfg.Observer, auth: cfg.Auth, log: cfg.Logger, mux: http.NewServeMux(),
-		maxRestore: cfg.MaxRestoreBytes}
+		maxRestore: cfg.MaxRestoreBytes, adm: cfg.Admission}
 	// API routes go on the router, not the mux (see router.go): wrong
 	// methods are 405, lock names may span segments, empty names are 400.
 	rt := &h.routes
@@ -218,7 +227,53 @@ func writeError(w http.ResponseWriter, err error) {
 	if code == api.CodeNoLeader {
 		w.Header().Set("Retry-After", "1")
 	}
+	var ae *apiError
+	if errors.As(err, &ae) && ae.retryAfter > 0 {
+		// Whole seconds, rounded up: a client never comes back early.
+		w.Header().Set("Retry-After", strconv.FormatInt(int64((ae.retryAfter+time.Second-1)/time.Second), 10))
+	}
 	writeJSON(w, api.Status(code), api.ErrorReply{Error: api.Error{Code: code, Message: msg}})
+}
+
+// workClass is how admission control sees a command: a new promise
+// (acquire, session) or one that keeps a promise (everything else,
+// including a hand-off, whose release must not wait behind acquires).
+func workClass(cmd locktable.Command) admission.Class {
+	switch {
+	case cmd.Op == locktable.OpAcquire && cmd.Token == 0, cmd.Op == locktable.OpCreateSession:
+		return admission.Acquire
+	default:
+		return admission.Keep
+	}
+}
+
+// propose admits cmd and replicates it. Work this member cannot commit
+// soon is refused before it costs a log entry or a waiting goroutine:
+// overloaded (503) or a client's or token's budget (429), each with the
+// delay after which to retry.
+func (h *Handler) propose(ctx context.Context, cmd locktable.Command) (locktable.Result, error) {
+	if h.adm != nil {
+		t, ref := h.adm.Admit(workClass(cmd), cmd.ClientID, cmd.Owner)
+		if ref != nil {
+			h.obs.Refused(ref.Code, cmd.Op.String())
+			return locktable.Result{}, &apiError{code: ref.Code, msg: ref.Message, retryAfter: ref.RetryAfter}
+		}
+		defer t.Done()
+	}
+	return h.b.Propose(ctx, cmd)
+}
+
+// readIndex admits a linearizable read and makes the next View one.
+func (h *Handler) readIndex(ctx context.Context, op string) error {
+	if h.adm != nil {
+		t, ref := h.adm.Admit(admission.Read, "", "")
+		if ref != nil {
+			h.obs.Refused(ref.Code, op)
+			return &apiError{code: ref.Code, msg: ref.Message, retryAfter: ref.RetryAfter}
+		}
+		defer t.Done()
+	}
+	return h.b.ReadIndex(ctx)
 }
 
 func errorCode(err error) (string, string) {
@@ -493,41 +548,51 @@ func (h *Handler) awaitGrant(w http.ResponseWriter, r *http.Request, sub *notify
 	// fallback only covers a timer that cannot commit (leadership trouble).
 	fallback := time.NewTimer(time.Until(deadline) + 2*time.Second)
 	defer fallback.Stop()
+	// handle answers the request if ev ends its wait (done).
+	handle := func(ev locktable.Event) (done bool, outcome string) {
+		if ev.ClientID != client || !slices.Contains(names, ev.Lock) || (len(ev.Locks) > 0) != multi {
+			return false, ""
+		}
+		switch ev.Kind {
+		case locktable.EvGranted:
+			if ev.Reason == locktable.ReasonRegrant {
+				return false, ""
+			}
+			got[ev.Lock] = locktable.Grant{Lock: ev.Lock, Token: ev.Token, ExpiresAt: ev.ExpiresAt, Mode: ev.Mode}
+			if len(got) < len(names) {
+				return false, ""
+			}
+			grants := make([]locktable.Grant, len(names))
+			for i, n := range names {
+				grants[i] = got[n]
+			}
+			reply(grants)
+			return true, "granted_after_wait"
+		case locktable.EvWaitEnded:
+			if ev.Deadline != waitDeadline {
+				return false, "" // an earlier wait of this client on this lock
+			}
+			switch ev.Reason {
+			case locktable.ReasonSessionExpired:
+				writeError(w, &apiError{code: api.CodeSessionExpired, msg: "the session ended while waiting for " + what})
+				return true, api.CodeSessionExpired
+			case locktable.ReasonCancelled:
+				writeJSON(w, 409, api.AcquireReply{Acquired: false,
+					Error: &api.Error{Code: api.CodeCancelled, Message: "the wait for " + what + " was withdrawn (cancel)"}})
+				return true, api.CodeCancelled
+			}
+			_, outcome := timedOut()
+			return true, outcome
+		}
+		return false, ""
+	}
 	for {
 		select {
-		case ev := <-sub.Events():
-			if ev.ClientID != client || !slices.Contains(names, ev.Lock) || (len(ev.Locks) > 0) != multi {
-				continue
-			}
-			switch ev.Kind {
-			case locktable.EvGranted:
-				if ev.Reason == locktable.ReasonRegrant {
-					continue
+		case <-sub.Ready():
+			for _, ev := range sub.Take() {
+				if done, outcome := handle(ev); done {
+					return false, outcome
 				}
-				got[ev.Lock] = locktable.Grant{Lock: ev.Lock, Token: ev.Token, ExpiresAt: ev.ExpiresAt, Mode: ev.Mode}
-				if len(got) < len(names) {
-					continue
-				}
-				grants := make([]locktable.Grant, len(names))
-				for i, n := range names {
-					grants[i] = got[n]
-				}
-				reply(grants)
-				return false, "granted_after_wait"
-			case locktable.EvWaitEnded:
-				if ev.Deadline != waitDeadline {
-					continue // an earlier wait of this client on this lock
-				}
-				switch ev.Reason {
-				case locktable.ReasonSessionExpired:
-					writeError(w, &apiError{code: api.CodeSessionExpired, msg: "the session ended while waiting for " + what})
-					return false, api.CodeSessionExpired
-				case locktable.ReasonCancelled:
-					writeJSON(w, 409, api.AcquireReply{Acquired: false,
-						Error: &api.Error{Code: api.CodeCancelled, Message: "the wait for " + what + " was withdrawn (cancel)"}})
-					return false, api.CodeCancelled
-				}
-				return timedOut()
 			}
 		case <-sub.Done():
 			if errors.Is(sub.Err(), notify.ErrOverflow) || errors.Is(sub.Err(), notify.ErrResync) {
@@ -617,7 +682,7 @@ func (h *Handler) release(w http.ResponseWriter, r *http.Request) {
 	if h.routeToLeader(w, r) {
 		return
 	}
-	res, err := h.b.Propose(r.Context(), locktable.Command{Op: locktable.OpRelease, Lock: name,
+	res, err := h.propose(r.Context(), locktable.Command{Op: locktable.OpRelease, Lock: name,
 		ClientID: req.ClientID, Token: req.FencingToken, Owner: who.Name})
 	if err != nil {
 		writeError(w, err)
@@ -647,7 +712,7 @@ func (h *Handler) renew(w http.ResponseWriter, r *http.Request) {
 	if req.TTLms != nil {
 		cmd.TTLms = *req.TTLms
 	}
-	res, err := h.b.Propose(r.Context(), cmd)
+	res, err := h.propose(r.Context(), cmd)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -690,7 +755,7 @@ func (h *Handler) readable(w http.ResponseWriter, r *http.Request) bool {
 	if h.routeToLeader(w, r) {
 		return false
 	}
-	if err := h.b.ReadIndex(r.Context()); err != nil {
+	if err := h.readIndex(r.Context(), "read"); err != nil {
 		writeError(w, err)
 		return false
 	}
@@ -840,7 +905,7 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 // newSession creates a session owned by the identity owner.
 func (h *Handler) newSession(ctx context.Context, owner, client string, ttl int64) (string, error) {
 	id := h.newSessionID(owner)
-	res, err := h.b.Propose(ctx, locktable.Command{Op: locktable.OpCreateSession, SessionID: id, ClientID: client,
+	res, err := h.propose(ctx, locktable.Command{Op: locktable.OpCreateSession, SessionID: id, ClientID: client,
 		TTLms: ttl, Owner: owner})
 	if err != nil {
 		return "", err
@@ -897,7 +962,7 @@ func (h *Handler) deleteSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	res, err := h.b.Propose(r.Context(), locktable.Command{Op: locktable.OpDeleteSession, SessionID: id})
+	res, err := h.propose(r.Context(), locktable.Command{Op: locktable.OpDeleteSession, SessionID: id})
 	if err != nil {
 		writeError(w, err)
 		return

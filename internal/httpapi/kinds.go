@@ -177,7 +177,7 @@ func (h *Handler) acquireLoop(w http.ResponseWriter, r *http.Request, cmd lockta
 		if wait > 0 {
 			sub = h.b.Subscribe(cmd.ClientID)
 		}
-		res, err := h.b.Propose(r.Context(), cmd)
+		res, err := h.propose(r.Context(), cmd)
 		if err != nil {
 			closeSub(sub)
 			return writeErrorCode(w, err)
@@ -279,7 +279,7 @@ func (h *Handler) setValue(w http.ResponseWriter, r *http.Request) {
 	if h.routeToLeader(w, r) {
 		return
 	}
-	res, err := h.b.Propose(r.Context(), locktable.Command{Op: locktable.OpSetValue, Lock: name,
+	res, err := h.propose(r.Context(), locktable.Command{Op: locktable.OpSetValue, Lock: name,
 		ClientID: req.ClientID, Token: req.FencingToken, Value: req.Value, Owner: who.Name})
 	if err != nil {
 		writeError(w, err)
@@ -315,7 +315,7 @@ func (h *Handler) revoke(w http.ResponseWriter, r *http.Request) {
 	if h.routeToLeader(w, r) {
 		return
 	}
-	res, err := h.b.Propose(r.Context(), locktable.Command{Op: locktable.OpRevoke, Lock: name, Token: token})
+	res, err := h.propose(r.Context(), locktable.Command{Op: locktable.OpRevoke, Lock: name, Token: token})
 	if err != nil {
 		writeError(w, err)
 		return

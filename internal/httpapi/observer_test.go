@@ -10,6 +10,7 @@ import (
 type recordingObserver struct {
 	mu       sync.Mutex
 	outcomes []string
+	refused  []string
 }
 
 func (o *recordingObserver) AcquireDone(outcome string, _ time.Duration) {
@@ -18,6 +19,12 @@ func (o *recordingObserver) AcquireDone(outcome string, _ time.Duration) {
 	o.outcomes = append(o.outcomes, outcome)
 }
 func (o *recordingObserver) WebSocketConns(int) {}
+
+func (o *recordingObserver) Refused(code, op string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.refused = append(o.refused, code+"/"+op)
+}
 
 func (o *recordingObserver) take() []string {
 	o.mu.Lock()

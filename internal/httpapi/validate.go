@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -29,6 +30,9 @@ import (
 type apiError struct {
 	code string
 	msg  string
+	// retryAfter is when to try again (overloaded, a budget): sent as
+	// Retry-After, and retry_after_ms on a WebSocket.
+	retryAfter time.Duration
 }
 
 func (e *apiError) Error() string { return e.code + ": " + e.msg }

@@ -155,7 +155,12 @@ func (wc *wsConn) send(m api.WSMessage) {
 
 func (wc *wsConn) replyErr(id uint64, err error) {
 	code, msg := errorCode(err)
-	wc.send(api.WSMessage{ID: id, Type: api.TypeError, Error: &api.Error{Code: code, Message: msg}})
+	m := api.WSMessage{ID: id, Type: api.TypeError, Error: &api.Error{Code: code, Message: msg}}
+	var ae *apiError
+	if errors.As(err, &ae) && ae.retryAfter > 0 {
+		m.RetryAfterMs = ae.retryAfter.Milliseconds()
+	}
+	wc.send(m)
 }
 
 // readLoop handles requests until the connection ends; it returns a close
@@ -471,7 +476,7 @@ func (wc *wsConn) proposeAcquire(id uint64, cmd locktable.Command, released func
 	wc.mu.Lock()
 	wc.pending[cmd.Lock] = append(wc.pending[cmd.Lock], p)
 	wc.mu.Unlock()
-	res, err := wc.h.b.Propose(wc.ctx, cmd)
+	res, err := wc.h.propose(wc.ctx, cmd)
 	if released != nil {
 		released(res, err)
 	}
@@ -544,7 +549,7 @@ func (wc *wsConn) acquireMany(req api.WSRequest) error {
 	wc.mu.Lock()
 	wc.pending[key] = append(wc.pending[key], p)
 	wc.mu.Unlock()
-	res, err := wc.h.b.Propose(wc.ctx, cmd)
+	res, err := wc.h.propose(wc.ctx, cmd)
 	if err == nil && res.Code == locktable.OK {
 		if res.Queued && cmd.WaitMs == 0 {
 			if wc.unpend(key, p) {
@@ -599,7 +604,7 @@ func (wc *wsConn) value(req api.WSRequest) error {
 	if err := validValue(*req.Value); err != nil {
 		return err
 	}
-	res, err := wc.h.b.Propose(wc.ctx, locktable.Command{Op: locktable.OpSetValue, Lock: req.Lock,
+	res, err := wc.h.propose(wc.ctx, locktable.Command{Op: locktable.OpSetValue, Lock: req.Lock,
 		ClientID: wc.client, Token: req.FencingToken, Value: *req.Value, Owner: wc.id.Name})
 	if err != nil {
 		return err
@@ -661,7 +666,7 @@ func (wc *wsConn) release(req api.WSRequest) error {
 	if req.Handoff != nil {
 		return wc.handOff(req)
 	}
-	res, err := wc.h.b.Propose(wc.ctx, locktable.Command{Op: locktable.OpRelease, Lock: req.Lock,
+	res, err := wc.h.propose(wc.ctx, locktable.Command{Op: locktable.OpRelease, Lock: req.Lock,
 		ClientID: wc.client, Token: req.FencingToken, Owner: wc.id.Name})
 	if err != nil {
 		return err
@@ -740,7 +745,7 @@ func (wc *wsConn) renew(req api.WSRequest) error {
 	if req.TTLms != nil {
 		cmd.TTLms = *req.TTLms
 	}
-	res, err := wc.h.b.Propose(wc.ctx, cmd)
+	res, err := wc.h.propose(wc.ctx, cmd)
 	if err != nil {
 		return err
 	}
@@ -780,7 +785,7 @@ func (wc *wsConn) cancelWait(req api.WSRequest) error {
 			return err
 		}
 	}
-	res, err := wc.h.b.Propose(wc.ctx, cmd)
+	res, err := wc.h.propose(wc.ctx, cmd)
 	if err != nil {
 		return err
 	}
@@ -819,6 +824,12 @@ func (wc *wsConn) pushLoop() {
 		case <-wc.ctx.Done():
 			return
 		case <-sub.Done():
+			// What committed before the end is still told.
+			for _, ev := range sub.Take() {
+				if ev.SessionID == session {
+					wc.push(ev)
+				}
+			}
 			if errors.Is(sub.Err(), notify.ErrLeadershipLost) {
 				wc.notLeader()
 			} else if errors.Is(sub.Err(), notify.ErrOverflow) || errors.Is(sub.Err(), notify.ErrResync) {
@@ -827,11 +838,12 @@ func (wc *wsConn) pushLoop() {
 			}
 			wc.end()
 			return
-		case ev := <-sub.Events():
-			if ev.SessionID != session {
-				continue
+		case <-sub.Ready():
+			for _, ev := range sub.Take() {
+				if ev.SessionID == session {
+					wc.push(ev)
+				}
 			}
-			wc.push(ev)
 		}
 	}
 }
@@ -987,7 +999,7 @@ func (wc *wsConn) watch(req api.WSRequest) error {
 	// state older than what the new leader has committed (an observer
 	// would see leaders go backwards). It confirms leadership with a quorum
 	// first, or the watch fails with not_leader.
-	if err := wc.h.b.ReadIndex(wc.ctx); err != nil {
+	if err := wc.h.readIndex(wc.ctx, "read"); err != nil {
 		wc.mu.Lock()
 		delete(wc.watches, id)
 		wc.mu.Unlock()

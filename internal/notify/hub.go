@@ -22,9 +22,13 @@ var (
 	ErrResync = errors.New("notify: state replaced, re-read it")
 )
 
-// subBuffer is how many events a subscriber may lag behind before it is cut
-// off (and must re-read state).
-const subBuffer = 256
+// maxQueued bounds the events waiting for one subscriber. What reaches a
+// subscriber is bounded by what it has asked for (its client's grants,
+// losses and ends of waits: at most the locks it holds and the waits it
+// queued, both under quotas), so this is a last resort against a consumer
+// that stopped: past it, the subscription ends with ErrOverflow and the
+// client re-reads where it stands.
+const maxQueued = 1 << 16
 
 // Hub fans events out to subscribers by client id.
 type Hub struct {
@@ -37,18 +41,23 @@ func NewHub() *Hub {
 	return &Hub{subs: map[string]map[*Sub]struct{}{}}
 }
 
-// Sub is one subscription.
+// Sub is one subscription. Its events queue without bound but maxQueued:
+// a burst (a hundred thousand waits queued through one connection) never
+// cuts off a subscriber that keeps up on average.
 type Sub struct {
-	hub  *Hub
-	key  string
-	ch   chan locktable.Event
-	done chan struct{}
-	err  error
+	hub   *Hub
+	key   string
+	q     []locktable.Event // under hub.mu
+	ready chan struct{}     // signalled when q becomes non-empty
+	done  chan struct{}
+	err   error
 }
 
-// Subscribe returns a subscription to every event about clientID.
+// Subscribe returns a subscription to the events about clientID that a
+// waiting client is told of: grants, losses, ends of waits and of
+// sessions.
 func (h *Hub) Subscribe(clientID string) *Sub {
-	s := &Sub{hub: h, key: clientID, ch: make(chan locktable.Event, subBuffer), done: make(chan struct{})}
+	s := &Sub{hub: h, key: clientID, ready: make(chan struct{}, 1), done: make(chan struct{})}
 	h.mu.Lock()
 	m := h.subs[clientID]
 	if m == nil {
@@ -60,8 +69,17 @@ func (h *Hub) Subscribe(clientID string) *Sub {
 	return s
 }
 
-// Events delivers the subscription's events.
-func (s *Sub) Events() <-chan locktable.Event { return s.ch }
+// Ready is signalled when events are waiting; Take them.
+func (s *Sub) Ready() <-chan struct{} { return s.ready }
+
+// Take returns the events waiting, in log order, and empties the queue.
+func (s *Sub) Take() []locktable.Event {
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	q := s.q
+	s.q = nil
+	return q
+}
 
 // Done is closed when the subscription ends; Err says why.
 func (s *Sub) Done() <-chan struct{} { return s.done }
@@ -96,8 +114,20 @@ func (h *Hub) endLocked(s *Sub, err error) {
 	}
 }
 
+// told reports whether a waiting client is told of events of this kind:
+// the others (queued, renewed, released, values, delays, session starts)
+// answer nobody's wait, and a burst of queued acquires would only fill
+// every subscriber's queue.
+func told(k locktable.EventKind) bool {
+	switch k {
+	case locktable.EvGranted, locktable.EvLost, locktable.EvWaitEnded, locktable.EvSessionEnded:
+		return true
+	}
+	return false
+}
+
 // Publish hands events to their subscribers without blocking; a subscriber
-// whose buffer is full is cut off with ErrOverflow.
+// with maxQueued events waiting is cut off with ErrOverflow.
 func (h *Hub) Publish(events []locktable.Event) {
 	if len(events) == 0 {
 		return
@@ -105,6 +135,9 @@ func (h *Hub) Publish(events []locktable.Event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, ev := range events {
+		if !told(ev.Kind) {
+			continue
+		}
 		for s := range h.subs[ev.ClientID] {
 			h.deliverLocked(s, ev)
 		}
@@ -112,10 +145,16 @@ func (h *Hub) Publish(events []locktable.Event) {
 }
 
 func (h *Hub) deliverLocked(s *Sub, ev locktable.Event) {
-	select {
-	case s.ch <- ev:
-	default:
+	if len(s.q) >= maxQueued {
 		h.endLocked(s, ErrOverflow)
+		return
+	}
+	s.q = append(s.q, ev)
+	if len(s.q) == 1 {
+		select {
+		case s.ready <- struct{}{}:
+		default:
+		}
 	}
 }
 

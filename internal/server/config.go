@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lockd/lockd/fence"
+	"github.com/lockd/lockd/internal/admission"
 	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/locktable"
 	"github.com/lockd/lockd/internal/raftnode"
@@ -104,6 +105,10 @@ type Config struct {
 	// them into every acquire and create-session command, and the state
 	// machine refuses what would go past them (429 resource_exhausted).
 	Quotas locktable.Quotas
+
+	// Admission bounds the work this member admits by what the cluster
+	// commits (SPEC 15); zero fields take admission's defaults.
+	Admission admission.Config
 
 	// RaftDialOverrides maps a peer's Raft address (as in the configuration)
 	// to the address this member actually dials: address translation, and

@@ -28,6 +28,7 @@ type metrics struct {
 	waitTimeouts   prometheus.Counter
 	sessionExpired prometheus.Counter
 	wsConns        prometheus.Gauge
+	refused        *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collector) *metrics {
@@ -54,14 +55,32 @@ func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collect
 	m.acquires = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lockd_acquire_total", Help: "Acquire commands by outcome (granted, queued, lock_held, ...).",
 	}, []string{"outcome"})
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockd_requests_refused_total",
+		Help: "Work refused by admission control before anything was proposed: overloaded (503, the member commits no faster) or resource_exhausted (429, one client's or token's budget), by op.",
+	}, []string{"code", "op"})
+	for _, code := range []string{"overloaded", "resource_exhausted"} {
+		for _, op := range []string{"acquire", "create_session", "release", "renew", "set_value", "cancel", "delete_session", "revoke", "read"} {
+			m.refused.WithLabelValues(code, op) // every series present from the start, for rates and alerts
+		}
+	}
 	m.events = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lockd_events_total",
 		Help: "Committed state changes: grants, releases, expiries, wait timeouts, session expiries.",
 	}, []string{"kind"})
 	m.collectors = []prometheus.Collector{
 		m.proposeSeconds, m.acquireSeconds, m.acquires, m.events,
-		m.grants, m.releases, m.expiries, m.waitTimeouts, m.sessionExpired, m.wsConns,
+		m.grants, m.releases, m.expiries, m.waitTimeouts, m.sessionExpired, m.wsConns, m.refused,
 		newStateCollector(s),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lockd_admission_outstanding",
+			Help: "Proposals admitted by this member that have not committed (or failed) yet."},
+			func() float64 { return float64(s.admission.Stats().Outstanding) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lockd_admission_limit",
+			Help: "How many proposals may be outstanding before new work is refused: the measured commit rate times the admission target."},
+			func() float64 { return float64(s.admission.Stats().Limit) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lockd_admission_commit_rate",
+			Help: "Admitted proposals returning per second (exponentially weighted): what admission control measures the cluster commits."},
+			func() float64 { return s.admission.Stats().Rate }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lockd_is_leader", Help: "1 when this member is the ready leader."},
 			func() float64 {
 				if s.Ready() {
@@ -187,6 +206,9 @@ func (m *metrics) AcquireDone(outcome string, d time.Duration) {
 }
 
 func (m *metrics) WebSocketConns(delta int) { m.wsConns.Add(float64(delta)) }
+
+// Refused implements httpapi.Observer.
+func (m *metrics) Refused(code, op string) { m.refused.WithLabelValues(code, op).Inc() }
 
 func (m *metrics) observeEvents(events []locktable.Event) {
 	for _, ev := range events {

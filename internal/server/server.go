@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/admission"
 	"github.com/lockd/lockd/internal/dashboard"
 	"github.com/lockd/lockd/internal/httpapi"
 	"github.com/lockd/lockd/internal/leader"
@@ -41,6 +42,8 @@ type Server struct {
 	removed chan struct{} // closed when this member learned it was removed
 	effects *effectQueue
 	metrics *metrics
+	// admission refuses work this member cannot commit soon (SPEC 15).
+	admission *admission.Controller
 
 	httpSrv    *http.Server
 	httpLn     net.Listener
@@ -140,9 +143,11 @@ func New(cfg Config) (*Server, error) {
 	members.node.Store(node)
 	s.timers = leader.New(leader.Config{Proposer: s, Viewer: node, Grace: cfg.ElectionTimeout,
 		Now: cfg.Now, Logger: cfg.Logger})
+	s.admission = admission.New(cfg.Admission)
 	s.metrics = newMetrics(cfg.Registry, s, batchSizes)
 
 	h := httpapi.New(httpapi.Config{Backend: s, Observer: s.metrics, Auth: cfg.Auth, Logger: cfg.Logger,
+		Admission:       s.admission,
 		MaxRestoreBytes: cfg.MaxRestoreBytes,
 		Metrics:         promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}),
 		Extra:           map[string]http.Handler{"/ui/": dashboard.New(s, cfg.Logger, dashboard.WithAuth(cfg.Auth)), "GET /ui": http.RedirectHandler("/ui/", http.StatusMovedPermanently)},
