@@ -118,6 +118,10 @@ type Config struct {
 	Extra map[string]http.Handler
 	// Pprof serves Go's profiler under /debug/pprof/ (admin access).
 	Pprof bool
+	// Hosts is the Host check every request passes first (SPEC 19; see
+	// HostCheck). nil serves every Host: only for a handler no browser can
+	// reach (tests).
+	Hosts *HostCheck
 	// MaxRestoreBytes bounds an uploaded backup (413 beyond); 0 means
 	// DefaultMaxRestoreBytes. The whole backup is held in memory, decoded
 	// and re-encoded while it is restored, so a member needs a few times
@@ -141,6 +145,7 @@ type Handler struct {
 	routes router
 	// maxRestore bounds an uploaded backup (Config.MaxRestoreBytes).
 	maxRestore int64
+	hosts      *HostCheck
 }
 
 // New builds the handler.
@@ -155,7 +160,7 @@ func New(cfg Config) *Handler {
 		cfg.MaxRestoreBytes = DefaultMaxRestoreBytes
 	}
 	h := &Handler{b: cfg.Backend, obs: cfg.Observer, auth: cfg.Auth, log: cfg.Logger, mux: http.NewServeMux(),
-		maxRestore: cfg.MaxRestoreBytes}
+		maxRestore: cfg.MaxRestoreBytes, hosts: cfg.Hosts}
 	// API routes go on the router, not the mux (see router.go): wrong
 	// methods are 405, lock names may span segments, empty names are 400.
 	rt := &h.routes
@@ -200,6 +205,10 @@ func New(cfg Config) *Handler {
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := h.hosts.check(r.Host); err != nil {
+		writeError(w, err)
+		return
+	}
 	if !h.routes.serve(w, r) {
 		h.mux.ServeHTTP(w, r)
 	}
