@@ -712,7 +712,8 @@ func (h *Handler) getLock(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if _, ok := h.allow(w, r, auth.Read, name, false); !ok {
+	who, ok := h.allow(w, r, auth.Read, name, false)
+	if !ok {
 		return
 	}
 	index, wait, blocking, err := blockingParams(r)
@@ -725,7 +726,7 @@ func (h *Handler) getLock(w http.ResponseWriter, r *http.Request) {
 	}
 	stale := r.URL.Query().Get("stale") == "true"
 	if blocking {
-		h.blockingGet(w, r, name, index, wait, stale)
+		h.blockingGet(w, r, who, name, index, wait, stale)
 		return
 	}
 	var li locktable.LockInfo
@@ -765,7 +766,11 @@ func blockingParams(r *http.Request) (index uint64, wait time.Duration, blocking
 // early when it cannot tell (leadership changed, the state was replaced, or
 // it fell behind): clients compare index and ask again. A parked query is a
 // goroutine blocked on its watch's channel; nothing polls.
-func (h *Handler) blockingGet(w http.ResponseWriter, r *http.Request, name string, index uint64, wait time.Duration, stale bool) {
+//
+// A query parks for up to 10 minutes: its token is checked again before it
+// answers (SPEC 20), so a token removed from the token file meanwhile, or
+// one that lost read access to the lock, reads nothing more.
+func (h *Handler) blockingGet(w http.ResponseWriter, r *http.Request, who auth.Identity, name string, index uint64, wait time.Duration, stale bool) {
 	// Watch before reading, so no change slips between the read and the
 	// wait.
 	wt := h.b.WatchLock(name, 1)
@@ -786,6 +791,18 @@ func (h *Handler) blockingGet(w http.ResponseWriter, r *http.Request, name strin
 		}
 		read()
 		break
+	}
+	if h.auth != nil {
+		id, err := h.auth.Refresh(who)
+		if err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="lockd"`)
+			writeError(w, &apiError{code: api.CodeUnauthenticated, msg: "the token was removed from the member's token file while the query waited"})
+			return
+		}
+		if !id.Allows(auth.Read, name) {
+			writeError(w, &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf("token %q lost read access to %q while the query waited", id.Name, name)})
+			return
+		}
 	}
 	st := statusOf(li)
 	st.Stale = stale
