@@ -99,7 +99,9 @@ per change — lock, index, held or free, holder, token, mode, waiters, value
 (-o json: one object a line: lock, index, status). A state read again after
 a reconnect, into which changes made meanwhile may be folded, ends in
 "resync" (JSON "resync": true). Follows leader changes; runs until SIGINT
-or SIGTERM (exit 0). It opens a session for its WebSocket; it holds no lock.`,
+or SIGTERM (exit 0). It holds no lock: a token with read access to the lock or
+prefix is enough (its connection then carries no session; with a lock token
+it opens one, which holds nothing).`,
 		Example: `  lockctl watch jobs/nightly
   lockctl watch --prefix jobs/ -o json`,
 		Args: func(c *cobra.Command, args []string) error {
@@ -185,7 +187,8 @@ a lockctl that stopped answering.
 elect NAME --listen never campaigns: it prints the current leader's value,
 then each new leader's (and each value it proclaims), one a line (a leader
 without a value prints client_id=ID); -o json adds client_id and
-fencing_token. Until SIGINT/SIGTERM.`,
+fencing_token. Until SIGINT/SIGTERM. --listen needs only read access to
+NAME (a read token opens no session).`,
 		Example: `  lockctl elect scheduler "$(hostname):8080"
   lockctl elect scheduler --listen`,
 		Args: func(c *cobra.Command, pos []string) error {
