@@ -166,7 +166,8 @@ func (c *Client) SessionID() string {
 // expired on the server, counted as expired by the local lease, or ended by
 // Close. Every lock of that session is lost with it. Err tells why. The
 // client then opens a fresh session for later calls; call Done again to
-// watch that one.
+// watch that one. A read-only client has no session: Done closes when it is
+// closed.
 func (c *Client) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -403,9 +403,14 @@ func (wc *wsConn) hello(req api.WSRequest) error {
 			return &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf(
 				"token %q has read access only: it cannot resume a session (its connection serves watches, without one)", who.Name)}
 		}
+		// Its subscription carries no event (no client id is that key), only
+		// the end of this member's leadership, which ends the connection as
+		// it ends a session's.
+		sub := wc.h.b.Subscribe(readOnlySubscription)
 		wc.mu.Lock()
-		wc.readOnly, wc.client = true, req.ClientID
+		wc.readOnly, wc.client, wc.sub = true, req.ClientID, sub
 		wc.mu.Unlock()
+		close(wc.subReady)
 		wc.send(api.WSMessage{ID: req.ID, Type: api.TypeHello, ReadOnly: true})
 		return nil
 	}

@@ -27,6 +27,11 @@ import (
 // token may open a WebSocket for watches and status), and it serves watch
 // and unwatch; every other op is 403.
 
+// readOnlySubscription is the event subscription key of read-only
+// connections: no client id is it (client ids are printable), so it brings
+// no event, only the end of the leadership (see hello).
+const readOnlySubscription = "\x00read-only"
+
 // wsAuth is a connection's credentials.
 type wsAuth struct {
 	store *auth.Store

@@ -17,6 +17,7 @@ import (
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/notify"
 )
 
 const (
@@ -367,6 +368,17 @@ func TestWebSocketReadToken(t *testing.T) {
 	r.send(fmt.Sprintf(`{"id":21,"op":"unwatch","watch_id":%d}`, ok.WatchID))
 	if m := r.replyTo(21, nil); m.Type != api.TypeOK {
 		t.Fatalf("unwatch: %+v", m)
+	}
+	// The member loses its leadership: the read-only connection is told and
+	// closed, as a session's is.
+	f.hub.Reset(notify.ErrLeadershipLost)
+	if m := r.recv(); m.Type != api.TypeError || m.Error.Code != api.CodeNotLeader {
+		t.Fatalf("after the leadership was lost: %+v", m)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, _, err := r.c.Read(ctx); err == nil || ctx.Err() != nil {
+		t.Fatalf("the connection stayed open after not_leader: %v", err)
 	}
 }
 
