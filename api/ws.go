@@ -77,6 +77,9 @@ type WSMessage struct {
 	Mode         string  `json:"mode,omitempty"`
 	Grants       []Grant `json:"grants,omitempty"`
 	Holder       string  `json:"holder,omitempty"`
+	// ReadOnly: the hello of a connection whose token has read access only
+	// opened no session; the connection serves watches.
+	ReadOnly bool `json:"read_only,omitempty"`
 	// Watches: the watch a changed or resync frame belongs to, and a
 	// change's log index and the lock's status right after it.
 	WatchID uint64      `json:"watch_id,omitempty"`

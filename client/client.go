@@ -50,8 +50,11 @@ type Client struct {
 
 // session is one server session as the client sees it.
 type session struct {
-	id  string
-	ttl time.Duration
+	id string
+	// readOnly: the connection carries no session (the token has read
+	// access only): no id, no lease, no keepalives; Done closes on Close.
+	readOnly bool
+	ttl      time.Duration
 	// deadline is the local lease: the send time of the last keepalive (or
 	// of the hello that created the session) the leader confirmed, plus ttl.
 	deadline time.Time
@@ -67,12 +70,17 @@ type session struct {
 // dead endpoint gives up after DialTimeout even with
 // context.Background()). A token the cluster refuses fails it at once with
 // an error matching ErrUnauthenticated or ErrPermissionDenied (a token
-// without lock access on any prefix), and an http:// endpoint of a member
+// without access to any lock), and an http:// endpoint of a member
 // that serves HTTPS with one matching ErrHTTPSRequired. ctx and DialTimeout
 // bound only this first connect; the Client lives until Close. Later
 // reconnects keep trying even when the token is refused (it may be accepted
 // again after the cluster reloads its token file); the session's local lease
 // ends the session meanwhile.
+//
+// A token with read access only (no lock access on any prefix) gives a
+// read-only client (see ReadOnly): the cluster opens no session for it;
+// Watch, WatchPrefix, Election.Observe, Election.Leader and the API's reads
+// work, and acquires fail with ErrPermissionDenied.
 func New(ctx context.Context, cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -134,7 +142,16 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 // ClientID returns the client ID the session was opened with.
 func (c *Client) ClientID() string { return c.cfg.ClientID }
 
-// SessionID returns the ID of the current session. After a session is lost
+// ReadOnly reports a client without a session: the cluster said its token
+// has read access only (see New). It watches and reads; it takes no lock.
+func (c *Client) ReadOnly() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sess != nil && c.sess.readOnly
+}
+
+// SessionID returns the ID of the current session ("" for a read-only
+// client). After a session is lost
 // the client opens a new one for later calls, and the ID changes.
 func (c *Client) SessionID() string {
 	c.mu.Lock()
@@ -149,7 +166,8 @@ func (c *Client) SessionID() string {
 // expired on the server, counted as expired by the local lease, or ended by
 // Close. Every lock of that session is lost with it. Err tells why. The
 // client then opens a fresh session for later calls; call Done again to
-// watch that one.
+// watch that one. A read-only client has no session: Done closes when it is
+// closed.
 func (c *Client) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -205,7 +223,9 @@ func (c *Client) Close() error {
 	if s := c.sess; !s.lost {
 		s.lost, s.err = true, ErrClosed
 		close(s.done)
-		ids = append(ids, s.id)
+		if !s.readOnly {
+			ids = append(ids, s.id)
+		}
 	}
 	if c.cur != nil {
 		c.api.setLeader(c.cur.base)
@@ -281,7 +301,7 @@ func (c *Client) expireLocked(now time.Time) time.Time {
 			next = t
 		}
 	}
-	if s := c.sess; s != nil && !s.lost {
+	if s := c.sess; s != nil && !s.lost && !s.readOnly {
 		if end := c.leaseEnd(s.deadline, s.ttl); !now.Before(end) {
 			c.log.Warn("lockd: session lease ran out", "session", s.id, "ttl", s.ttl)
 			c.sessionLostLocked(s, fmt.Errorf("%w: session %s: no keepalive sent in the last %v was confirmed: %w", ErrLeaseExpired, s.id, s.ttl, ErrSessionExpired), true)

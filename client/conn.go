@@ -184,7 +184,7 @@ func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next s
 		return nil, "", ErrClosed
 	}
 	s := c.sess
-	resume := s != nil && !s.lost
+	resume := s != nil && !s.lost && !s.readOnly
 	ttl := c.cfg.SessionTTL
 	hello := api.WSRequest{ID: c.nextID(), Op: api.OpHello, ClientID: c.cfg.ClientID, SessionTTLms: ms(ttl)}
 	if resume {
@@ -222,7 +222,7 @@ func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next s
 		}
 		return nil, "", fmt.Errorf("%s: %w", base, se)
 	}
-	if m.Type != api.TypeHello || m.SessionID == "" {
+	if m.Type != api.TypeHello || (m.SessionID == "") != m.ReadOnly {
 		ws.CloseNow()
 		return nil, "", fmt.Errorf("%s: hello: unexpected reply %q", base, m.Type)
 	}
@@ -232,13 +232,24 @@ func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next s
 	case c.closed:
 		c.mu.Unlock()
 		ws.CloseNow()
-		if !resume {
+		if !resume && !m.ReadOnly {
 			// Close ran during the hello; end the session it opened.
 			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CloseTimeout)
 			_ = c.api.DeleteSession(ctx, m.SessionID)
 			cancel()
 		}
 		return nil, "", ErrClosed
+	case m.ReadOnly:
+		// The token has read access only: no session, no lease. The
+		// connection serves watches; the server refuses acquires.
+		if resume {
+			// Not expected (the server refuses a read token's resume), but
+			// the session cannot go on over this connection.
+			c.sessionLostLocked(s, fmt.Errorf("%w: the token has read access only now: session %s cannot go on", ErrPermissionDenied, s.id), false)
+		}
+		if s == nil || s.lost || !s.readOnly {
+			c.sess = &session{readOnly: true, done: make(chan struct{})}
+		}
 	case resume && (c.sess != s || s.lost):
 		// The local lease ran out during the hello: the session was given
 		// up (and will be deleted); start over with a fresh one.
@@ -252,15 +263,28 @@ func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next s
 		if m.SessionTTLms > 0 {
 			ttl = time.Duration(m.SessionTTLms) * time.Millisecond
 		}
+		if s != nil && s.readOnly && !s.lost {
+			// The token gained lock access: the client has a session now.
+			s.lost, s.err = true, errors.New("lockd: the read-only connection was replaced by one with a session")
+			close(s.done)
+		}
 		c.sess = &session{id: m.SessionID, ttl: ttl, deadline: sent.Add(ttl), done: make(chan struct{})}
 		c.kickLease()
 	}
 	sess := c.sess
-	orphans := c.orphans
-	c.orphans = nil
+	var orphans []string
+	if !m.ReadOnly {
+		// (A read token may not delete them, and its connection acquires
+		// nothing: they wait for a connection with a session.)
+		orphans, c.orphans = c.orphans, nil
+	}
 	c.mu.Unlock()
 	c.api.setLeader(base)
-	c.log.Info("lockd: session established", "leader", base, "session", m.SessionID, "resumed", resume)
+	if m.ReadOnly {
+		c.log.Info("lockd: read-only connection established (the token has read access only: watches, no session)", "leader", base)
+	} else {
+		c.log.Info("lockd: session established", "leader", base, "session", m.SessionID, "resumed", resume)
+	}
 
 	// Sessions given up locally may still hold locks on the server under
 	// this client ID; end them before the new session can acquire anything.
@@ -547,6 +571,9 @@ func (c *Client) roundTrip(ctx context.Context, s *session, req *api.WSRequest) 
 // long.
 func (c *Client) keepalive(cs *wsConn) {
 	s := cs.sess
+	if s.readOnly {
+		return // no session to keep alive
+	}
 	interval := func() time.Duration {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -637,6 +664,12 @@ func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
 	case api.TypeError:
 		if op := c.opByID[m.ID]; op != nil && m.ID != 0 {
 			return c.onAcquireErrorLocked(cs, op, m)
+		}
+		if m.ID == 0 && m.WatchID != 0 {
+			if w := cs.watchIDs[m.WatchID]; w != nil {
+				c.onWatchEndedLocked(cs, w, m)
+			}
+			return nil
 		}
 		code := ""
 		if m.Error != nil {

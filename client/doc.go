@@ -95,7 +95,9 @@
 // require client certificates. Config.Token is sent as a bearer token on
 // every request and on the WebSocket upgrade. A refused token gives errors
 // matching ErrUnauthenticated (401) or ErrPermissionDenied (403), which are
-// never retried.
+// never retried. A token with read access only makes a read-only Client
+// (Client.ReadOnly): no session, watches and reads only — enough for
+// dashboards and Election.Observe.
 //
 // The token goes only to members of the cluster: the configured endpoints
 // and the leader one of them names (X-Lockd-Leader, or the leader of a

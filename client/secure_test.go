@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/client"
+	"github.com/lockd/lockd/internal/server"
 	"github.com/lockd/lockd/internal/testutil"
 )
 
@@ -133,14 +134,57 @@ func TestSecureCluster(t *testing.T) {
 		if err != nil || !rep.Acquired {
 			t.Fatalf("a/ token on a/http: %+v, %v", rep, err)
 		}
-		// A read-only token cannot open a session.
+	})
+
+	// A read token's client has no session: it watches (and observes
+	// elections), and its acquires are refused.
+	t.Run("read-only", func(t *testing.T) {
+		writer, err := client.New(ctx, cfg(tokenTeamA))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer writer.Close()
 		cl, err := client.New(ctx, cfg(tokenViewer))
-		if cl != nil {
-			cl.Close()
+		if err != nil {
+			t.Fatalf("a read token's client: %v", err)
 		}
-		if !errors.Is(err, client.ErrPermissionDenied) {
-			t.Fatalf("read-only token opening a session: %v", err)
+		defer cl.Close()
+		if !cl.ReadOnly() || cl.SessionID() != "" || writer.ReadOnly() {
+			t.Fatalf("ReadOnly %v (writer %v), session %q: want a read-only client without a session", cl.ReadOnly(), writer.ReadOnly(), cl.SessionID())
 		}
+		if _, err := cl.TryAcquire(ctx, "a/ro"); !errors.Is(err, client.ErrPermissionDenied) {
+			t.Fatalf("a read-only client's acquire: %v", err)
+		}
+		wctx, wcancel := context.WithCancel(ctx)
+		defer wcancel()
+		ch, err := cl.WatchPrefix(wctx, "a/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		obs, err := client.NewElection(cl, "a/leader").Observe(wctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := client.NewElection(writer, "a/leader").Campaign(ctx, "http://writer:1"); err != nil {
+			t.Fatal(err)
+		}
+		for ev := range ch {
+			if ev.Lock == "a/leader" && ev.Status.Held {
+				break
+			}
+		}
+		if li := <-obs; li.Value != "http://writer:1" {
+			t.Fatalf("observed leader %+v", li)
+		}
+		select {
+		case <-cl.Done():
+			t.Fatal("the read-only client's Done closed before Close")
+		default:
+		}
+		if err := cl.Close(); err != nil {
+			t.Fatalf("Close of a read-only client: %v", err)
+		}
+		<-cl.Done()
 	})
 
 	t.Run("no client certificate", func(t *testing.T) {
@@ -174,4 +218,76 @@ func TestSecureCluster(t *testing.T) {
 			t.Fatalf("restore into a cluster with state, without force: %v", err)
 		}
 	})
+}
+
+// TestWatchEndedByReload: a reload that takes the token's read access away
+// ends the client's watch on the server (an error push with its watch_id);
+// the client keeps the consumer's channel and asks again later, so once
+// the access is back the watch delivers again, from the lock's latest
+// state.
+func TestWatchEndedByReload(t *testing.T) {
+	const (
+		reader = "token-for-reader-0001"
+		writer = "token-for-writer-0001"
+	)
+	with := `{"tokens": [
+	  {"name": "reader", "token": "` + reader + `", "permissions": [{"prefix": "", "access": "read"}]},
+	  {"name": "writer", "token": "` + writer + `", "permissions": [{"prefix": "", "access": "lock"}]}]}`
+	without := `{"tokens": [
+	  {"name": "reader", "token": "` + reader + `", "permissions": [{"prefix": "other/", "access": "read"}]},
+	  {"name": "writer", "token": "` + writer + `", "permissions": [{"prefix": "", "access": "lock"}]}]}`
+	path, store := testutil.AuthFile(t, with)
+	c := testutil.NewCluster(t, 1, testutil.Options{Modify: func(cfg *server.Config) { cfg.Auth = store }})
+	l := c.WaitLeader(10 * time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	cfg := func(token string) client.Config {
+		return client.Config{Endpoints: []string{l.URL()}, Token: token, ClientID: token[:12], MaxBackoff: 200 * time.Millisecond}
+	}
+	w, err := client.New(ctx, cfg(writer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	r, err := client.New(ctx, cfg(reader))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ch, err := r.Watch(ctx, "jobs/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := <-ch; ev.Status.Held {
+		t.Fatalf("first picture: %+v", ev)
+	}
+	reload := func(body string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Srv.Reload(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reload(without)
+	lk, err := w.Acquire(ctx, "jobs/x", client.WithValue("v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-ch:
+		t.Fatalf("a change reached a watch whose token lost read access: %+v", ev)
+	case <-time.After(500 * time.Millisecond):
+	}
+	reload(with)
+	if err := lk.SetValue(ctx, "v2"); err != nil {
+		t.Fatal(err)
+	}
+	for ev := range ch {
+		if ev.Status.Value == "v2" {
+			return
+		}
+	}
+	t.Fatalf("the watch did not come back with the access: %v", ctx.Err())
 }

@@ -310,6 +310,18 @@ func (c *Client) onWatchReplyLocked(cs *wsConn, w *watch, m *api.WSMessage) []fu
 	return nil
 }
 
+// onWatchEndedLocked takes the server's end of w's watch on cs: a reload
+// of the cluster's token file took the token's access to it away. As with a
+// re-watch refused, the client asks again later on this connection (the
+// access may come back); the consumer keeps its channel.
+func (c *Client) onWatchEndedLocked(cs *wsConn, w *watch, m *api.WSMessage) {
+	delete(cs.watchIDs, w.id)
+	w.id = 0
+	c.log.Warn("lockd: the server ended a watch, retrying", "watch", w.what(), "err", serverError(m.Error, 0))
+	gen := w.gen
+	c.goLocked(func() { c.rewatchLater(w, cs, gen) })
+}
+
 // rewatchLater asks for w again on cs after a pause, unless something
 // else asked meanwhile.
 func (c *Client) rewatchLater(w *watch, cs *wsConn, gen uint64) {

@@ -48,7 +48,7 @@ func printUsageErr(w io.Writer, cmd *cobra.Command, err error) {
 	if cmd != nil {
 		path = cmd.CommandPath()
 	}
-	fmt.Fprintf(w, "lockctl: %v\nRun '%s --help' for usage.\n", err, path)
+	fmt.Fprintf(w, "lockctl: %s\nRun '%s --help' for usage.\n", safe(err.Error()), safe(path))
 }
 
 // usageErr prints a usage error of the command running and returns 2.
@@ -294,6 +294,16 @@ const exitCodesHelp = `Exit codes:
 
 const endpointsHelp = `An endpoint without a scheme gets https:// when --cacert or --cert is set, else http://.
 Flags may come before or after positional arguments; "--" ends them.
+
+Text output never writes a string another client chose (a value, a client id, a
+lock or member name, an error message echoing one) raw to the terminal: a field
+of a key=value line is quoted in Go syntax when it has a space, a '"', a '=' or
+a control or non-printable character (value="two\nlines"); a character a
+terminal would act on is escaped as Go's %q writes it (\n, \r, \x1b, \u202e);
+printable text, any script, is shown as it is. elect prints a value as it is
+unless it has such a character, leading or trailing space, or begins with '"'
+or "client_id=": then quoted (strconv.Unquote reads it back), so a value is
+always one line. -o json prints the exact strings.
 `
 
 // synopsis is how the overview shows a command: its path and arguments.

@@ -37,7 +37,7 @@ one by hand.`,
 				if err != nil {
 					return status(e.fail(err, "session create"))
 				}
-				e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", rep.SessionID, rep.TTLms))
+				e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", textValue(rep.SessionID), rep.TTLms))
 				return nil
 			})
 		},
@@ -54,7 +54,7 @@ one by hand.`,
 				if err != nil {
 					return status(e.fail(err, "session "+args[0]))
 				}
-				e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", args[0], rep.TTLms))
+				e.print(rep, fmt.Sprintf("session_id=%s ttl_ms=%d", textValue(args[0]), rep.TTLms))
 				return nil
 			})
 		},
@@ -69,7 +69,7 @@ one by hand.`,
 				if err := r.api.DeleteSession(r.ctx, args[0]); err != nil {
 					return status(e.fail(err, "session "+args[0]))
 				}
-				e.print(map[string]any{"deleted": true, "session_id": args[0]}, "session "+args[0]+" deleted")
+				e.print(map[string]any{"deleted": true, "session_id": args[0]}, "session "+textValue(args[0])+" deleted")
 				return nil
 			})
 		},
@@ -118,7 +118,7 @@ for this itself (lockd --join). A refusal exits 8.`,
 				if err := r.api.AddMember(r.ctx, m); err != nil {
 					return status(e.failCluster(err, "cluster add "+args[0]))
 				}
-				e.print(m, "member "+args[0]+" added")
+				e.print(m, "member "+textValue(args[0])+" added")
 				return nil
 			})
 		},
@@ -135,7 +135,7 @@ over first. An unknown ID exits 8.`,
 				if err := r.api.RemoveMember(r.ctx, args[0]); err != nil {
 					return status(e.failCluster(err, "cluster remove "+args[0]))
 				}
-				e.print(map[string]any{"removed": args[0]}, "member "+args[0]+" removed")
+				e.print(map[string]any{"removed": args[0]}, "member "+textValue(args[0])+" removed")
 				return nil
 			})
 		},
@@ -173,11 +173,11 @@ func (e *env) clusterStatus(ctx context.Context) int {
 		return e.fail(err, "cluster status")
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "leader %s %s term %d\n", orDash(st.LeaderID), orDash(st.LeaderHTTP), st.Term)
+	fmt.Fprintf(&b, "leader %s %s term %d\n", textValue(st.LeaderID), textValue(st.LeaderHTTP), st.Term)
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tRAFT\tHTTP\tVOTER\tLEADER")
 	for _, m := range st.Members {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\n", m.ID, m.RaftAddr, m.HTTPAddr, m.Voter, m.ID == st.LeaderID)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\n", textValue(m.ID), textValue(m.RaftAddr), textValue(m.HTTPAddr), m.Voter, m.ID == st.LeaderID)
 	}
 	tw.Flush()
 	e.print(st, b.String())
@@ -196,7 +196,7 @@ func (e *env) failCluster(err error, what string) int {
 	if se.API.Code == api.CodeNotFound {
 		hint = " (lockctl cluster status lists the members)"
 	}
-	fmt.Fprintf(e.stderr, "lockctl: %s: refused by the cluster: %s%s\n", what, orDash(se.API.Message), hint)
+	fmt.Fprintf(e.stderr, "lockctl: %s: refused by the cluster: %s%s\n", safe(what), safe(orDash(se.API.Message)), hint)
 	return exitCluster
 }
 
@@ -366,17 +366,17 @@ func (e *env) endpointStatus(ctx context.Context) int {
 	answered := 0
 	for _, v := range views {
 		if !v.Reachable {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\tno: %s\n", v.ID, orDash(v.Endpoint), v.Error)
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\tno: %s\n", textValue(v.ID), textValue(v.Endpoint), safe(v.Error))
 			continue
 		}
 		answered++
 		s := v.Status
 		reach := "yes"
 		if v.Error != "" {
-			reach += " (" + v.Error + ")"
+			reach += " (" + safe(v.Error) + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", v.ID, v.Endpoint, orDash(strings.ToLower(s.State)),
-			s.Term, s.CommitIndex, s.AppliedIndex, s.LastToken, orDash(s.LogStore), orDash(s.Version), reach)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", textValue(v.ID), textValue(v.Endpoint), textValue(strings.ToLower(s.State)),
+			s.Term, s.CommitIndex, s.AppliedIndex, s.LastToken, textValue(s.LogStore), textValue(s.Version), reach)
 	}
 	tw.Flush()
 	e.print(endpointStatusReply{Members: views}, b.String())

@@ -61,14 +61,14 @@ func (e *env) keygen(priv, pub string, force bool) int {
 	} else {
 		for _, p := range []string{priv, pub} {
 			if _, serr := os.Lstat(p); serr == nil {
-				fmt.Fprintf(e.stderr, "lockctl: keygen: %s exists; not replacing a key that may be in use (pass --force to replace it)\n", p)
+				fmt.Fprintf(e.stderr, "lockctl: keygen: %s exists; not replacing a key that may be in use (pass --force to replace it)\n", safe(p))
 				return exitError
 			}
 		}
 		err = fence.GenerateKeyFiles(priv, pub)
 	}
 	if err != nil {
-		fmt.Fprintf(e.stderr, "lockctl: keygen: %v\n", err)
+		fmt.Fprintf(e.stderr, "lockctl: keygen: %s\n", safe(err.Error()))
 		return exitError
 	}
 	e.print(keygenReply{Private: priv, Public: pub}, fmt.Sprintf(

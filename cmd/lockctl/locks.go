@@ -8,7 +8,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
@@ -206,16 +205,16 @@ func (e *env) acquire(ctx context.Context, names []string, ttl, wait time.Durati
 		return e.fail(err, what)
 	}
 	if len(rep.Grants) == 0 {
-		line := fmt.Sprintf("%s acquired token=%d expires_at=%s client_id=%s", names[0], rep.FencingToken, orDash(rep.ExpiresAt), orDash(rep.ClientID))
+		line := fmt.Sprintf("%s acquired token=%d expires_at=%s client_id=%s", textValue(names[0]), rep.FencingToken, textValue(rep.ExpiresAt), textValue(rep.ClientID))
 		if rep.Mode != "" {
-			line += " mode=" + rep.Mode
+			line += " mode=" + textValue(rep.Mode)
 		}
 		e.print(rep, line)
 		return exitOK
 	}
 	var b strings.Builder
 	for _, g := range rep.Grants {
-		fmt.Fprintf(&b, "%s acquired token=%d expires_at=%s client_id=%s mode=%s\n", g.Lock, g.FencingToken, orDash(g.ExpiresAt), orDash(rep.ClientID), orDash(g.Mode))
+		fmt.Fprintf(&b, "%s acquired token=%d expires_at=%s client_id=%s mode=%s\n", textValue(g.Lock), g.FencingToken, textValue(g.ExpiresAt), textValue(rep.ClientID), textValue(g.Mode))
 	}
 	e.print(rep, b.String())
 	return exitOK
@@ -248,18 +247,18 @@ func (e *env) revoke(ctx context.Context, name string, token uint64) int {
 	revoked, err := r.api.Revoke(r.ctx, name, token)
 	if err != nil {
 		if errors.Is(err, client.ErrNotHolder) {
-			fmt.Fprintf(e.stderr, "lockctl: lock %s: no current grant has token %d\n", name, token)
+			fmt.Fprintf(e.stderr, "lockctl: lock %s: no current grant has token %d\n", safe(name), token)
 			return exitNotHolder
 		}
 		return e.fail(err, "lock "+name)
 	}
-	text := name + " revoked nothing (no holder)"
+	text := textValue(name) + " revoked nothing (no holder)"
 	if len(revoked) > 0 {
 		ts := make([]string, len(revoked))
 		for i, t := range revoked {
 			ts[i] = strconv.FormatUint(t, 10)
 		}
-		text = name + " revoked tokens=" + strings.Join(ts, ",")
+		text = textValue(name) + " revoked tokens=" + strings.Join(ts, ",")
 	}
 	e.print(api.RevokeReply{Revoked: revoked}, text)
 	return exitOK
@@ -307,7 +306,7 @@ func (e *env) release(ctx context.Context, name string, token uint64) int {
 	if err := r.api.Release(r.ctx, name, e.clientID(), token); err != nil {
 		return e.fail(err, "lock "+name)
 	}
-	e.print(api.ReleaseReply{Released: true}, name+" released")
+	e.print(api.ReleaseReply{Released: true}, textValue(name)+" released")
 	return exitOK
 }
 
@@ -339,20 +338,8 @@ func (e *env) renew(ctx context.Context, name string, token uint64, ttl time.Dur
 	if err != nil {
 		return e.fail(err, "lock "+name)
 	}
-	e.print(rep, fmt.Sprintf("%s renewed expires_at=%s", name, orDash(rep.ExpiresAt)))
+	e.print(rep, fmt.Sprintf("%s renewed expires_at=%s", textValue(name), textValue(rep.ExpiresAt)))
 	return exitOK
-}
-
-// textValue shows a value in a key=value line: as it is when it has no
-// spaces, quotes or control characters, else quoted.
-func textValue(v string) string {
-	if v == "" {
-		return "-"
-	}
-	if strings.ContainsFunc(v, func(r rune) bool { return r <= ' ' || r == '"' || r == '=' || r == 0x7f || !unicode.IsPrint(r) }) {
-		return strconv.Quote(v)
-	}
-	return v
 }
 
 // statusLine is status's text: the lock on one line (the older fields
@@ -361,21 +348,21 @@ func textValue(v string) string {
 func statusLine(st api.LockStatus) string {
 	var b strings.Builder
 	if !st.Held {
-		fmt.Fprintf(&b, "%s free waiters=%d", st.Lock, st.Waiters)
+		fmt.Fprintf(&b, "%s free waiters=%d", textValue(st.Lock), st.Waiters)
 		if st.Limit > 1 {
 			fmt.Fprintf(&b, " limit=%d", st.Limit)
 		}
 	} else {
 		fmt.Fprintf(&b, "%s held client_id=%s token=%d expires_at=%s session_id=%s waiters=%d mode=%s limit=%d holders=%d value=%s",
-			st.Lock, st.ClientID, st.FencingToken, orDash(st.ExpiresAt), orDash(st.SessionID), st.Waiters,
-			orDash(st.Mode), max(st.Limit, 1), max(len(st.Holders), 1), textValue(st.Value))
+			textValue(st.Lock), textValue(st.ClientID), st.FencingToken, textValue(st.ExpiresAt), textValue(st.SessionID), st.Waiters,
+			textValue(st.Mode), max(st.Limit, 1), max(len(st.Holders), 1), textValue(st.Value))
 	}
 	if st.DelayedUntil != "" {
-		fmt.Fprintf(&b, " delayed_until=%s", st.DelayedUntil)
+		fmt.Fprintf(&b, " delayed_until=%s", textValue(st.DelayedUntil))
 	}
 	if len(st.Holders) > 1 {
 		for _, h := range st.Holders {
-			fmt.Fprintf(&b, "\n  holder client_id=%s token=%d mode=%s expires_at=%s value=%s", h.ClientID, h.FencingToken, orDash(h.Mode), orDash(h.ExpiresAt), textValue(h.Value))
+			fmt.Fprintf(&b, "\n  holder client_id=%s token=%d mode=%s expires_at=%s value=%s", textValue(h.ClientID), h.FencingToken, textValue(h.Mode), textValue(h.ExpiresAt), textValue(h.Value))
 		}
 	}
 	return b.String()
@@ -430,7 +417,7 @@ func (e *env) status(ctx context.Context, name string, stale bool) int {
 			from = ns.ID
 		}
 		first, rest, _ := strings.Cut(text, "\n")
-		text = first + " (stale, from " + from + ")"
+		text = first + " (stale, from " + textValue(from) + ")"
 		if rest != "" {
 			text += "\n" + rest
 		}
@@ -502,11 +489,11 @@ func (e *env) list(ctx context.Context, prefix string, limit int, after string) 
 			// Several holders (shared, semaphore): all of them, by token.
 			hs, ts := make([]string, len(l.Holders)), make([]string, len(l.Holders))
 			for i, h := range l.Holders {
-				hs[i], ts[i] = h.ClientID, strconv.FormatUint(h.FencingToken, 10)
+				hs[i], ts[i] = textValue(h.ClientID), strconv.FormatUint(h.FencingToken, 10)
 			}
 			holder, token = strings.Join(hs, ","), strings.Join(ts, ",")
 		} else if l.Held {
-			holder, token = l.ClientID, fmt.Sprint(l.FencingToken)
+			holder, token = textValue(l.ClientID), fmt.Sprint(l.FencingToken)
 		}
 		mode := l.Mode
 		if mode == "" {
@@ -515,12 +502,12 @@ func (e *env) list(ctx context.Context, prefix string, limit int, after string) 
 				mode = api.ModeExclusive // a server that does not say
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", l.Lock, mode, max(l.Limit, 1), holder, token, orDash(l.ExpiresAt), l.Waiters, textValue(l.Value), orDash(l.DelayedUntil))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", textValue(l.Lock), textValue(mode), max(l.Limit, 1), holder, token, textValue(l.ExpiresAt), l.Waiters, textValue(l.Value), textValue(l.DelayedUntil))
 	}
 	tw.Flush()
 	e.print(api.LockList{Locks: locks, Next: next}, b.String())
 	if next != "" && !e.jsonOut() {
-		fmt.Fprintf(e.stderr, "lockctl: list: more locks follow; go on with --after %s\n", next)
+		fmt.Fprintf(e.stderr, "lockctl: list: more locks follow; go on with --after %s\n", textValue(next))
 	}
 	return exitOK
 }

@@ -254,7 +254,7 @@ func (e *env) tlsConfig() (*tls.Config, error) {
 func (e *env) setupFailed(err error) int {
 	var se *setupError
 	if errors.As(err, &se) {
-		fmt.Fprintf(e.stderr, "lockctl: %v\n", err)
+		fmt.Fprintf(e.stderr, "lockctl: %s\n", safe(err.Error()))
 		return exitError
 	}
 	return e.usageErr(err)

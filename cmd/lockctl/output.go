@@ -35,11 +35,13 @@ func exitCode(err error) int {
 
 // fail prints a short message naming the cause and returns the exit code.
 func (e *env) fail(err error, what string) int {
-	fmt.Fprintf(e.stderr, "lockctl: %s\n", e.describe(err, what))
+	fmt.Fprintf(e.stderr, "lockctl: %s\n", safe(e.describe(err, what)))
 	return exitCode(err)
 }
 
 // describe words an error for a person: the cause first, details after.
+// Its text echoes what the server said (names, holders, messages): fail
+// escapes it (safe) before it reaches the terminal.
 func (e *env) describe(err error, what string) string {
 	var se *client.ServerError
 	errors.As(err, &se)
@@ -122,7 +124,8 @@ func (e *env) checkOutput() error {
 	return fmt.Errorf("-o %q: want text or json", e.g.output)
 }
 
-// print writes v as JSON, or text as given.
+// print writes v as JSON, or text as given (its stored strings escaped by
+// the caller; safeText is the last guard).
 func (e *env) print(v any, text string) {
 	if e.jsonOut() {
 		enc := json.NewEncoder(e.stdout)
@@ -130,7 +133,7 @@ func (e *env) print(v any, text string) {
 		_ = enc.Encode(v)
 		return
 	}
-	fmt.Fprintln(e.stdout, strings.TrimRight(text, "\n"))
+	fmt.Fprintln(e.stdout, safeText(strings.TrimRight(text, "\n")))
 }
 
 func orDash(s string) string {

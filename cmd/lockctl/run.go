@@ -138,7 +138,7 @@ func (e *env) run(ctx context.Context, names, argv []string, f runFlags) int {
 		if r.c != nil {
 			_ = r.c.Close()
 		}
-		fmt.Fprintf(e.stderr, "lockctl: lock %s: interrupted by %v before the lock was taken\n", name, s)
+		fmt.Fprintf(e.stderr, "lockctl: lock %s: interrupted by %v before the lock was taken\n", safe(name), s)
 		return 128 + int(s.(syscall.Signal))
 	}
 	what := "lock " + name
@@ -176,7 +176,7 @@ func (e *env) run(ctx context.Context, names, argv []string, f runFlags) int {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		e.releaseAll(ls)
-		fmt.Fprintf(e.stderr, "lockctl: starting %s: %v\n", argv[0], err)
+		fmt.Fprintf(e.stderr, "lockctl: starting %s: %s\n", safe(argv[0]), safe(err.Error()))
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
 			return 127
 		}
@@ -198,14 +198,14 @@ wait:
 		case <-lost:
 			lost = nil
 			lostErr = l.Err()
-			fmt.Fprintf(e.stderr, "lockctl: lost lock %s (token %s): %s; sent SIGTERM to %s, SIGKILL in %v\n", name, token, lostCause(lostErr), argv[0], f.grace)
+			fmt.Fprintf(e.stderr, "lockctl: lost lock %s (token %s): %s; sent SIGTERM to %s, SIGKILL in %v\n", safe(name), token, safe(lostCause(lostErr)), safe(argv[0]), f.grace)
 			_ = syscall.Kill(-pgid, syscall.SIGTERM)
 			t := time.NewTimer(f.grace)
 			defer t.Stop()
 			killAfter = t.C
 		case <-killAfter:
 			killAfter = nil
-			fmt.Fprintf(e.stderr, "lockctl: %s still running %v after SIGTERM; sent SIGKILL\n", argv[0], f.grace)
+			fmt.Fprintf(e.stderr, "lockctl: %s still running %v after SIGTERM; sent SIGKILL\n", safe(argv[0]), f.grace)
 			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		case s := <-sigCh:
 			_ = syscall.Kill(-pgid, s.(syscall.Signal))
@@ -216,7 +216,7 @@ wait:
 			// Lost while CMD was exiting: its last writes may have raced
 			// another holder, so report the loss all the same.
 			lostErr = err
-			fmt.Fprintf(e.stderr, "lockctl: lost lock %s (token %s) as %s exited: %s\n", name, token, argv[0], lostCause(lostErr))
+			fmt.Fprintf(e.stderr, "lockctl: lost lock %s (token %s) as %s exited: %s\n", safe(name), token, safe(argv[0]), safe(lostCause(lostErr)))
 		}
 	}
 	if lostErr != nil {
@@ -293,7 +293,7 @@ func (e *env) releaseAll(ls []*client.Lock) {
 	defer cancel()
 	for _, l := range ls {
 		if err := l.Release(ctx); err != nil {
-			fmt.Fprintf(e.stderr, "lockctl: releasing lock %s: %v (the session end releases it)\n", l.Name(), err)
+			fmt.Fprintf(e.stderr, "lockctl: releasing lock %s: %s (the session end releases it)\n", safe(l.Name()), safe(err.Error()))
 		}
 	}
 }

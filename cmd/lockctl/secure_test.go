@@ -15,6 +15,8 @@ import (
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/internal/auth"
+	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/server"
 	"github.com/lockd/lockd/internal/testutil"
 )
 
@@ -323,4 +325,58 @@ func TestSnapshotRoundTrip(t *testing.T) {
 func sameStatus(a, b api.LockStatus) bool {
 	a.Index, b.Index = 0, 0
 	return reflect.DeepEqual(a, b)
+}
+
+// TestWatchAndListenWithReadToken: lockctl watch and elect --listen need
+// only read access: with a read token they follow the locks (no session is
+// opened for them), and the same token's acquire is refused (exit 7).
+func TestWatchAndListenWithReadToken(t *testing.T) {
+	const (
+		reader = "token-for-reader-0001"
+		writer = "token-for-writer-0001"
+	)
+	_, store := testutil.AuthFile(t, `{"tokens": [
+	  {"name": "reader", "token": "`+reader+`", "permissions": [{"prefix": "jobs/", "access": "read"}]},
+	  {"name": "writer", "token": "`+writer+`", "permissions": [{"prefix": "", "access": "lock"}]}]}`)
+	c := testutil.NewCluster(t, 1, testutil.Options{Modify: func(cfg *server.Config) { cfg.Auth = store }})
+	l := c.WaitLeader(10 * time.Second)
+	start := func(out *testutil.SyncBuffer, args ...string) *exec.Cmd {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "LOCKD_ENDPOINTS="+l.URL(), "LOCKD_TOKEN="+reader)
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	wout, lout := &testutil.SyncBuffer{}, &testutil.SyncBuffer{}
+	watch := start(wout, "watch", "--prefix", "jobs/")
+	listen := start(lout, "elect", "jobs/leader", "--listen")
+	env := map[string]string{"LOCKD_ENDPOINTS": l.URL(), "LOCKD_TOKEN": writer}
+	// The watch's first picture is empty: wait until the watch is in place
+	// by watching for a change made after both started.
+	testutil.WaitFor(t, 10*time.Second, "the watchers", func() bool {
+		if code, _, _ := cli(t, env, "acquire", "jobs/probe", "--client-id", "w", "--ttl", "1m"); code != exitOK && code != exitNotAcquired {
+			t.Fatalf("acquire jobs/probe: %d", code)
+		}
+		return strings.Contains(wout.String(), "jobs/probe index=")
+	})
+	if code, _, errs := cli(t, env, "acquire", "jobs/leader", "--client-id", "node-a", "--value", "http://node-a:8080"); code != exitOK {
+		t.Fatalf("acquire jobs/leader: %d %s", code, errs)
+	}
+	waitOutput(t, lout, "http://node-a:8080\n")
+	waitOutput(t, wout, `jobs/leader index=`)
+	waitOutput(t, wout, `value=http://node-a:8080`)
+	var sessions int
+	l.Srv.Node().View(func(tb *locktable.Table) { _, sessions = tb.Size() })
+	if sessions != 0 {
+		t.Fatalf("%d sessions: the read token's watchers opened sessions", sessions)
+	}
+	code, _, errs := cli(t, map[string]string{"LOCKD_ENDPOINTS": l.URL(), "LOCKD_TOKEN": reader}, "acquire", "jobs/x", "--client-id", "r")
+	if code != exitAuth || !strings.Contains(errs, "permission denied") {
+		t.Fatalf("acquire with the read token: %d %q", code, errs)
+	}
+	stopped(t, watch, wout)
+	stopped(t, listen, lout)
 }

@@ -68,12 +68,12 @@ func (e *env) snapshotSave(ctx context.Context, path string) int {
 		dir = "."
 	}
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		fmt.Fprintf(e.stderr, "lockctl: snapshot save: %s is a directory; name the backup file\n", path)
+		fmt.Fprintf(e.stderr, "lockctl: snapshot save: %s is a directory; name the backup file\n", safe(path))
 		return exitError
 	}
 	tmp, err := os.CreateTemp(dir, "."+base+".tmp-*") // mode 0600
 	if err != nil {
-		fmt.Fprintf(e.stderr, "lockctl: snapshot save: %v\n", err)
+		fmt.Fprintf(e.stderr, "lockctl: snapshot save: %s\n", safe(err.Error()))
 		return exitError
 	}
 	done := false
@@ -94,15 +94,15 @@ func (e *env) snapshotSave(ctx context.Context, path string) int {
 		return exitError
 	}
 	if err := tmp.Sync(); err != nil {
-		fmt.Fprintf(e.stderr, "lockctl: snapshot save: %v\n", err)
+		fmt.Fprintf(e.stderr, "lockctl: snapshot save: %s\n", safe(err.Error()))
 		return exitError
 	}
 	if err := tmp.Close(); err != nil {
-		fmt.Fprintf(e.stderr, "lockctl: snapshot save: %v\n", err)
+		fmt.Fprintf(e.stderr, "lockctl: snapshot save: %s\n", safe(err.Error()))
 		return exitError
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		fmt.Fprintf(e.stderr, "lockctl: snapshot save: %v\n", err)
+		fmt.Fprintf(e.stderr, "lockctl: snapshot save: %s\n", safe(err.Error()))
 		return exitError
 	}
 	done = true
@@ -121,13 +121,13 @@ func (e *env) snapshotRestore(ctx context.Context, path string, force bool, minT
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		fmt.Fprintf(e.stderr, "lockctl: snapshot restore: %v\n", err)
+		fmt.Fprintf(e.stderr, "lockctl: snapshot restore: %s\n", safe(err.Error()))
 		return exitError
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() == 0 {
-		fmt.Fprintf(e.stderr, "lockctl: snapshot restore: %s is not a backup file (empty, or not a regular file)\n", path)
+		fmt.Fprintf(e.stderr, "lockctl: snapshot restore: %s is not a backup file (empty, or not a regular file)\n", safe(path))
 		return exitError
 	}
 	ctx, cancel := e.ctx(ctx, 0)

@@ -283,7 +283,7 @@ func (e *env) tlsCert(c *cobra.Command, t *tlsCommon, s certSpec) int {
 	}
 	caCert, caSigner, err := loadCA(s.ca, s.caKey)
 	if err != nil {
-		fmt.Fprintf(e.stderr, "lockctl: %s: %v (make one with lockctl tls init --dir %s)\n", what, err, t.dir)
+		fmt.Fprintf(e.stderr, "lockctl: %s: %s (make one with lockctl tls init --dir %s)\n", safe(what), safe(err.Error()), safe(t.dir))
 		return exitError
 	}
 	cluster := t.cluster
@@ -352,7 +352,7 @@ func (e *env) tlsCert(c *cobra.Command, t *tlsCommon, s certSpec) int {
 }
 
 func (e *env) tlsFailed(what string, err error) int {
-	fmt.Fprintf(e.stderr, "lockctl: %s: %v\n", what, err)
+	fmt.Fprintf(e.stderr, "lockctl: %s: %s\n", safe(what), safe(err.Error()))
 	return exitError
 }
 
@@ -361,16 +361,16 @@ func (e *env) tlsFailed(what string, err error) int {
 func (e *env) mayWrite(what string, force bool, files ...string) (int, bool) {
 	for _, f := range files {
 		if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
-			fmt.Fprintf(e.stderr, "lockctl: %s: %v\n", what, err)
+			fmt.Fprintf(e.stderr, "lockctl: %s: %s\n", safe(what), safe(err.Error()))
 			return exitError, false
 		}
 		fi, err := os.Lstat(f)
 		switch {
 		case err == nil && !fi.Mode().IsRegular():
-			fmt.Fprintf(e.stderr, "lockctl: %s: %s exists and is not a regular file\n", what, f)
+			fmt.Fprintf(e.stderr, "lockctl: %s: %s exists and is not a regular file\n", safe(what), safe(f))
 			return exitError, false
 		case err == nil && !force:
-			fmt.Fprintf(e.stderr, "lockctl: %s: %s exists; not replacing it (pass --force to replace it)\n", what, f)
+			fmt.Fprintf(e.stderr, "lockctl: %s: %s exists; not replacing it (pass --force to replace it)\n", safe(what), safe(f))
 			return exitError, false
 		}
 	}

@@ -37,21 +37,21 @@ type watchEvent struct {
 func watchLine(ev client.WatchEvent) string {
 	st := ev.Status
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s index=%d", ev.Lock, ev.Index)
+	fmt.Fprintf(&b, "%s index=%d", textValue(ev.Lock), ev.Index)
 	if !st.Held && len(st.Holders) == 0 {
 		fmt.Fprintf(&b, " free waiters=%d", st.Waiters)
 	} else {
-		fmt.Fprintf(&b, " held client_id=%s token=%d mode=%s waiters=%d value=%s", st.ClientID, st.FencingToken, orDash(st.Mode), st.Waiters, textValue(st.Value))
+		fmt.Fprintf(&b, " held client_id=%s token=%d mode=%s waiters=%d value=%s", textValue(st.ClientID), st.FencingToken, textValue(st.Mode), st.Waiters, textValue(st.Value))
 		if len(st.Holders) > 1 {
 			hs := make([]string, len(st.Holders))
 			for i, h := range st.Holders {
-				hs[i] = h.ClientID + ":" + strconv.FormatUint(h.FencingToken, 10)
+				hs[i] = textValue(h.ClientID) + ":" + strconv.FormatUint(h.FencingToken, 10)
 			}
 			fmt.Fprintf(&b, " holders=%s", strings.Join(hs, ","))
 		}
 	}
 	if st.DelayedUntil != "" {
-		fmt.Fprintf(&b, " delayed_until=%s", st.DelayedUntil)
+		fmt.Fprintf(&b, " delayed_until=%s", textValue(st.DelayedUntil))
 	}
 	if ev.Resync {
 		b.WriteString(" resync")
@@ -63,9 +63,10 @@ func watchLine(ev client.WatchEvent) string {
 func (e *env) printLine(v any, text string) {
 	if e.jsonOut() {
 		data, _ := json.Marshal(v)
-		text = string(data)
+		fmt.Fprintln(e.stdout, string(data))
+		return
 	}
-	fmt.Fprintln(e.stdout, text)
+	fmt.Fprintln(e.stdout, safeText(text))
 }
 
 // openClient opens a Client (a session over WebSocket) within --timeout.
@@ -99,7 +100,9 @@ per change — lock, index, held or free, holder, token, mode, waiters, value
 (-o json: one object a line: lock, index, status). A state read again after
 a reconnect, into which changes made meanwhile may be folded, ends in
 "resync" (JSON "resync": true). Follows leader changes; runs until SIGINT
-or SIGTERM (exit 0). It opens a session for its WebSocket; it holds no lock.`,
+or SIGTERM (exit 0). It holds no lock: a token with read access to the lock or
+prefix is enough (its connection then carries no session; with a lock token
+it opens one, which holds nothing).`,
 		Example: `  lockctl watch jobs/nightly
   lockctl watch --prefix jobs/ -o json`,
 		Args: func(c *cobra.Command, args []string) error {
@@ -160,12 +163,14 @@ type leaderLine struct {
 }
 
 // leaderText is elect's text line: the leader's value, or for a leader
-// without one, client_id=ID, which still names it.
+// without one, client_id=ID, which still names it. A value that could be
+// mistaken (two lines, escape sequences, a quote first) is quoted: see
+// lineValue.
 func leaderText(value, clientID string) string {
 	if value == "" {
-		return "client_id=" + clientID
+		return "client_id=" + textValue(clientID)
 	}
-	return value
+	return lineValue(value)
 }
 
 func (e *env) electCmd() *cobra.Command {
@@ -184,8 +189,12 @@ a lockctl that stopped answering.
 
 elect NAME --listen never campaigns: it prints the current leader's value,
 then each new leader's (and each value it proclaims), one a line (a leader
-without a value prints client_id=ID); -o json adds client_id and
-fencing_token. Until SIGINT/SIGTERM.`,
+without a value prints client_id=ID); a value with a control or
+non-printable character (a newline, an escape sequence), leading or
+trailing space, or a leading '"' or "client_id=" is printed quoted in Go
+syntax, so each leader is one line; -o json adds client_id and
+fencing_token and carries the value as it is. Until SIGINT/SIGTERM. --listen needs only read access to
+NAME (a read token opens no session).`,
 		Example: `  lockctl elect scheduler "$(hostname):8080"
   lockctl elect scheduler --listen`,
 		Args: func(c *cobra.Command, pos []string) error {
@@ -240,28 +249,28 @@ func (e *env) elect(ctx context.Context, pos []string, listen bool, sessionTTL t
 		}
 		// The session ended while campaigning (cut off from the cluster):
 		// the client opens a new one; campaign again, at the end of the queue.
-		fmt.Fprintf(e.stderr, "lockctl: election %s: %s; campaigning again\n", name, lostCause(err))
+		fmt.Fprintf(e.stderr, "lockctl: election %s: %s; campaigning again\n", safe(name), safe(lostCause(err)))
 		select {
 		case <-ctx.Done():
 			return exitOK
 		case <-time.After(time.Second):
 		}
 	}
-	e.printLine(leaderLine{Lock: name, Value: value, ClientID: c.ClientID(), FencingToken: el.Token()}, value)
+	e.printLine(leaderLine{Lock: name, Value: value, ClientID: c.ClientID(), FencingToken: el.Token()}, lineValue(value))
 	select {
 	case <-ctx.Done():
 	case <-el.Done():
 		if ctx.Err() == nil {
-			fmt.Fprintf(e.stderr, "lockctl: lost the leadership of %s (token %d): %s\n", name, el.Token(), lostCause(el.Err()))
+			fmt.Fprintf(e.stderr, "lockctl: lost the leadership of %s (token %d): %s\n", safe(name), el.Token(), safe(lostCause(el.Err())))
 			return exitLost
 		}
 	}
 	rctx, cancel := e.ctx(context.Background(), 0)
 	defer cancel()
 	if err := el.Resign(rctx); err != nil {
-		fmt.Fprintf(e.stderr, "lockctl: resigning %s: %v (ending the session releases it)\n", name, err)
+		fmt.Fprintf(e.stderr, "lockctl: resigning %s: %s (ending the session releases it)\n", safe(name), safe(err.Error()))
 		if cerr := c.Close(); cerr != nil {
-			fmt.Fprintf(e.stderr, "lockctl: ending the session: %v (the leadership ends with the session TTL)\n", cerr)
+			fmt.Fprintf(e.stderr, "lockctl: ending the session: %s (the leadership ends with the session TTL)\n", safe(cerr.Error()))
 			return exitError
 		}
 	}

@@ -62,6 +62,7 @@ func run(args []string, stderr io.Writer) int {
 	fs.StringVar(&peerTLS.CA, "peer-ca", "", "CA bundle (PEM) that signed every member's --peer-cert")
 	fs.StringVar(&cfg.ClusterID, "cluster-id", tlsfiles.DefaultCluster, "cluster name in the member certificates: with --peer-cert, Raft peers must present the URI SAN spiffe://lockd/<cluster-id>/member/<their --id>; client certificates are refused")
 	authFile := fs.String("auth-file", "", "bearer tokens with per-lock-prefix permissions (JSON, see docs/OPERATIONS.md); reloaded on SIGHUP")
+	allowedHosts := fs.String("allowed-hosts", "", "comma-separated host names a request's Host header may carry besides this member's own listen and advertised names, localhost and IP addresses (* allows any); other requests get 403: a guard against DNS rebinding. List the names clients, load balancers and Prometheus use to reach the member")
 	fs.StringVar(&cfg.PeerToken, "peer-token", "", "admin token members send each other when --auth-file is set (prefer LOCKD_PEER_TOKEN)")
 	signingKey := fs.String("signing-key", "", "Ed25519 private key (PEM, PKCS#8) shared by all members: every grant then carries a fencing_proof that resource servers verify (see lockctl keygen)")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiler under /debug/pprof/ on the client API (admin token when --auth-file is set)")
@@ -118,6 +119,11 @@ func run(args []string, stderr io.Writer) int {
 			return 2
 		}
 		cfg.Auth = store
+	}
+	for _, h := range strings.Split(*allowedHosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			cfg.AllowedHosts = append(cfg.AllowedHosts, h)
+		}
 	}
 	if *dialOverride != "" {
 		m, err := server.ParseDialOverrides(*dialOverride)

@@ -50,6 +50,9 @@ func TestRunRefusesBadConfiguration(t *testing.T) {
 		{[]string{"--leader-lease-timeout", "2s", "--heartbeat-timeout", "1s"}, 2, "must not exceed"},
 		{[]string{"--tls-cert", "c.pem"}, 2, "go together"},
 		{[]string{"--log-store", "floppy"}, 2, "--log-store"},
+		{[]string{"--help"}, 0, "-allowed-hosts"},
+		{[]string{"--allowed-hosts", "lockd.example,lb.example:7070"}, 2, `--allowed-hosts entry "lb.example:7070"`},
+		{[]string{"--allowed-hosts", "http://lockd.example"}, 2, "without scheme or port"},
 	}
 	for _, c := range cases {
 		var stderr bytes.Buffer
@@ -74,5 +77,15 @@ func TestRunRefusesLogStoreTheDataDirContradicts(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "wal")); err == nil {
 		t.Fatal("the refused start created wal/")
+	}
+}
+
+// TestAllowedHostsFromTheEnvironment: LOCKD_ALLOWED_HOSTS is read like
+// every flag, and checked like the flag.
+func TestAllowedHostsFromTheEnvironment(t *testing.T) {
+	t.Setenv("LOCKD_ALLOWED_HOSTS", "ok.example,bad example")
+	var stderr bytes.Buffer
+	if code := run([]string{"--data-dir", t.TempDir()}, &stderr); code != 2 || !strings.Contains(stderr.String(), `--allowed-hosts entry "bad example"`) {
+		t.Fatalf("exit %d:\n%s", code, stderr.String())
 	}
 }

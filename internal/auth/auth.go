@@ -9,11 +9,16 @@
 //	  {"name": "ops", "token": "sha256:9f86d0...", "permissions": [{"prefix": "", "access": "admin"}]}
 //	]}
 //
-// Access levels nest: read < lock < admin. read: lock status and lists.
-// lock: acquire, release, renew, sessions, WebSocket. admin: cluster
-// membership, leadership transfer and snapshots (an admin permission must
-// have the empty prefix to reach these, since they are not about one lock).
-// A token written "sha256:<hex>" is stored hashed.
+// Access levels nest: read < lock < admin. read: lock status, lists and
+// watches (also over a WebSocket, which then carries no session). lock:
+// acquire, release, renew, values, sessions. admin: cluster membership,
+// leadership transfer and snapshots (an admin permission must have the
+// empty prefix to reach these, since they are not about one lock). A token
+// written "sha256:<hex>" is stored hashed.
+//
+// Rules apply to every request, also to those of a WebSocket opened before
+// a Reload: connections keep the Identity they authenticated and Refresh it
+// per request, which costs one atomic load until the rules change.
 //
 // A token's name is its identity: lockd records it as the owner of the
 // sessions the token creates (only that identity, or an admin, may use a
@@ -33,6 +38,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unicode"
 	"unicode/utf8"
 )
@@ -93,6 +99,12 @@ type Store struct {
 	path   string
 	mu     sync.RWMutex
 	tokens []token
+	// gen counts the rule sets installed (written under mu, read without
+	// it): an Identity authenticated under one generation is current until
+	// the next Reload, which is what makes Refresh cheap.
+	gen atomic.Uint64
+	// changed is closed (and replaced) by every Reload that installs rules.
+	changed chan struct{}
 }
 
 type fileFormat struct {
@@ -108,7 +120,7 @@ type fileFormat struct {
 
 // Load reads the rules from path.
 func Load(path string) (*Store, error) {
-	s := &Store{path: path}
+	s := &Store{path: path, changed: make(chan struct{})}
 	if err := s.Reload(); err != nil {
 		return nil, err
 	}
@@ -165,14 +177,35 @@ func (s *Store) Reload() error {
 	}
 	s.mu.Lock()
 	s.tokens = toks
+	s.gen.Add(1)
+	close(s.changed)
+	s.changed = make(chan struct{})
 	s.mu.Unlock()
 	return nil
+}
+
+// Generation counts the rule sets installed so far: it changes exactly
+// when a Reload installs new rules, so a check made at one generation holds
+// while Generation still returns it.
+func (s *Store) Generation() uint64 { return s.gen.Load() }
+
+// Changed returns a channel closed by the next Reload that installs new
+// rules (a refused file installs none). Holders of long-lived identities
+// (WebSocket connections) wait on it to check them again.
+func (s *Store) Changed() <-chan struct{} {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.changed
 }
 
 // Identity is an authenticated token.
 type Identity struct {
 	Name  string
 	perms []permission
+	// hash is the token's digest and gen the Store generation it was
+	// checked at: Refresh looks the token up again after a Reload.
+	hash [32]byte
+	gen  uint64
 }
 
 // Authenticate finds the token. Tokens are compared as SHA-256 digests in
@@ -181,7 +214,11 @@ func (s *Store) Authenticate(bearer string) (Identity, error) {
 	if bearer == "" {
 		return Identity{}, ErrUnauthenticated
 	}
-	h := sha256.Sum256([]byte(bearer))
+	return s.lookup(sha256.Sum256([]byte(bearer)))
+}
+
+// lookup finds the token with digest h in the rules in force.
+func (s *Store) lookup(h [32]byte) (Identity, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var found *token
@@ -193,7 +230,20 @@ func (s *Store) Authenticate(bearer string) (Identity, error) {
 	if found == nil {
 		return Identity{}, ErrUnauthenticated
 	}
-	return Identity{Name: found.name, perms: found.perms}, nil
+	return Identity{Name: found.name, perms: found.perms, hash: h, gen: s.gen.Load()}, nil
+}
+
+// Refresh checks an identity authenticated earlier against the rules in
+// force now: while no Reload happened since, it returns id as it is (one
+// atomic load, no hashing: cheap enough for every frame of a WebSocket);
+// after one, it looks the token up again and returns what it is now —
+// ErrUnauthenticated when the token was removed, else its current name and
+// permissions (which may have shrunk or grown).
+func (s *Store) Refresh(id Identity) (Identity, error) {
+	if id.gen == s.gen.Load() {
+		return id, nil
+	}
+	return s.lookup(id.hash)
 }
 
 // MaxName bounds a token's name: it is stored in the replicated state as

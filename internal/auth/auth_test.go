@@ -123,3 +123,73 @@ func TestIdentity(t *testing.T) {
 		t.Error("the zero identity is admin")
 	}
 }
+
+// TestRefresh: an identity authenticated before a Reload is checked again
+// against the new rules (removed token: unauthenticated; changed access:
+// the new access); without a Reload it is returned as it is; a refused file
+// changes nothing; Changed fires on every Reload that installs rules.
+func TestRefresh(t *testing.T) {
+	p := write(t, `{"tokens": [
+	  {"name": "a", "token": "token-for-a-000001", "permissions": [{"prefix": "a/", "access": "lock"}]},
+	  {"name": "b", "token": "token-for-b-000001", "permissions": [{"prefix": "", "access": "lock"}]}
+	]}`)
+	s, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Authenticate("token-for-a-000001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.Authenticate("token-for-b-000001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Refresh(a); err != nil || got.Name != "a" || !got.Allows(Lock, "a/x") {
+		t.Fatalf("Refresh without a reload: %+v %v", got, err)
+	}
+	changed, gen := s.Changed(), s.Generation()
+	os.WriteFile(p, []byte(`{"tokens": [`), 0o600)
+	if s.Reload() == nil {
+		t.Fatal("a broken file was accepted")
+	}
+	select {
+	case <-changed:
+		t.Fatal("Changed fired for a refused file")
+	default:
+	}
+	if got, err := s.Refresh(b); err != nil || !got.Allows(Lock, "x") || s.Generation() != gen {
+		t.Fatalf("a refused reload changed the rules: %+v %v", got, err)
+	}
+	// b removed; a narrowed to read on a/ and given lock on c/.
+	os.WriteFile(p, []byte(`{"tokens": [
+	  {"name": "a", "token": "token-for-a-000001", "permissions": [{"prefix": "a/", "access": "read"}, {"prefix": "c/", "access": "lock"}]}
+	]}`), 0o600)
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	default:
+		t.Fatal("Changed did not fire on a reload")
+	}
+	if s.Generation() == gen {
+		t.Fatal("Generation did not move on a reload")
+	}
+	if _, err := s.Refresh(b); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("removed token refreshed: %v", err)
+	}
+	got, err := s.Refresh(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Allows(Lock, "a/x") || !got.Allows(Read, "a/x") || !got.Allows(Lock, "c/x") {
+		t.Fatalf("refreshed identity has the old access: %+v", got)
+	}
+	if again, err := s.Refresh(got); err != nil || again.gen != got.gen {
+		t.Fatalf("a current identity was looked up again: %+v %v", again, err)
+	}
+	if _, err := s.Refresh(Identity{}); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("the zero identity refreshed: %v", err)
+	}
+}

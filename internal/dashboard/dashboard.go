@@ -251,10 +251,11 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 // authorize checks the bearer token of the Authorization header when
 // authentication is on, answering 401 or 403 itself (with the CORS header,
 // so that a page served by another member can read the answer and ask for
-// a token).
-func (h *handler) authorize(w http.ResponseWriter, r *http.Request) bool {
+// a token). It returns the token's identity (for a stream to check again
+// after a reload: stillAllowed).
+func (h *handler) authorize(w http.ResponseWriter, r *http.Request) (auth.Identity, bool) {
 	if h.cfg.auth == nil {
-		return true
+		return auth.Identity{}, true
 	}
 	bearer, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	id, err := h.cfg.auth.Authenticate(strings.TrimSpace(bearer))
@@ -264,21 +265,41 @@ func (h *handler) authorize(w http.ResponseWriter, r *http.Request) bool {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="lockd"`)
 		writeError(w, http.StatusUnauthorized, api.CodeUnauthenticated,
 			"the dashboard needs a valid bearer token with read access to every lock (Authorization: Bearer <token>)")
-		return false
+		return id, false
 	}
 	if !id.Allows(auth.Read, "") {
 		h.allowOrigin(w, r)
 		w.Header().Set("Cache-Control", "no-store")
 		writeError(w, http.StatusForbidden, api.CodePermissionDenied,
 			fmt.Sprintf("token %q lacks read access to every lock (a read permission on the empty prefix), which the dashboard needs", id.Name))
-		return false
+		return id, false
 	}
-	return true
+	return id, true
+}
+
+// stillAllowed checks a stream's token again after the token file was
+// reloaded (SPEC 20: a removed token, or one that lost read access to
+// every lock, streams nothing more).
+func (h *handler) stillAllowed(id auth.Identity) bool {
+	if h.cfg.auth == nil {
+		return true
+	}
+	cur, err := h.cfg.auth.Refresh(id)
+	return err == nil && cur.Allows(auth.Read, "")
+}
+
+// authChanged is closed by the next reload of the token file (never with
+// authentication off).
+func (h *handler) authChanged() <-chan struct{} {
+	if h.cfg.auth == nil {
+		return nil
+	}
+	return h.cfg.auth.Changed()
 }
 
 // snapshot answers one snapshot as JSON (GET /ui/snapshot).
 func (h *handler) snapshot(w http.ResponseWriter, r *http.Request) {
-	if !h.authorize(w, r) {
+	if _, ok := h.authorize(w, r); !ok {
 		return
 	}
 	body := h.hub.build(r.Context())
@@ -295,8 +316,14 @@ func (h *handler) snapshot(w http.ResponseWriter, r *http.Request) {
 // and then whenever the snapshot changes; a "ping" event {"now": ms} when
 // nothing else was sent for a heartbeat interval, so the page notices a
 // stream that went silent and the server notices a client that went away.
+//
+// The stream ends when the token file is reloaded without its token, or
+// with less than read access to every lock: the page reconnects and is
+// told 401 or 403.
 func (h *handler) events(w http.ResponseWriter, r *http.Request) {
-	if !h.authorize(w, r) {
+	authChanged := h.authChanged() // before the check: a reload after it is seen
+	id, ok := h.authorize(w, r)
+	if !ok {
 		return
 	}
 	rc := http.NewResponseController(w)
@@ -359,6 +386,11 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-authChanged:
+			authChanged = h.authChanged()
+			if !h.stillAllowed(id) {
+				return
+			}
 		case <-changed:
 			f, changed = h.hub.current()
 			if f != nil && !sendSnapshot(f) {

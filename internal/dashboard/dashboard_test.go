@@ -950,3 +950,87 @@ func TestPreflight(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamEndsWhenTokenRemoved (SPEC 20): an events stream opened with a
+// token ends when the token file is reloaded without it (or with less than
+// read access to every lock); a stream whose token keeps its access goes
+// on. A reconnect is then refused.
+func TestStreamEndsWhenTokenRemoved(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	cfg := testConfig()
+	path := filepath.Join(t.TempDir(), "tokens.json")
+	write := func(body string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`{"tokens": [
+	  {"name": "ops", "token": "ops-token-0123456789", "permissions": [{"prefix": "", "access": "read"}]},
+	  {"name": "grafana", "token": "grafana-token-0123456", "permissions": [{"prefix": "", "access": "read"}]},
+	  {"name": "keeps", "token": "keeps-token-01234567", "permissions": [{"prefix": "", "access": "read"}]}
+	]}`)
+	store, err := auth.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.auth = store
+	f := newFake()
+	srv := httptest.NewServer(newHandler(f, nil, cfg))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	open := func(token string) (*http.Response, *sseReader) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/ui/events", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, &sseReader{r: bufio.NewReader(resp.Body)}
+	}
+	respOps, ops := open("ops-token-0123456789")
+	defer respOps.Body.Close()
+	respGraf, graf := open("grafana-token-0123456")
+	defer respGraf.Body.Close()
+	respKeep, keep := open("keeps-token-01234567")
+	defer respKeep.Body.Close()
+	for _, s := range []*sseReader{ops, graf, keep} {
+		s.nextWithin(t, 3*time.Second)
+	}
+
+	write(`{"tokens": [
+	  {"name": "grafana", "token": "grafana-token-0123456", "permissions": [{"prefix": "jobs/", "access": "read"}]},
+	  {"name": "keeps", "token": "keeps-token-01234567", "permissions": [{"prefix": "", "access": "read"}]}
+	]}`)
+	if err := store.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range map[string]*sseReader{"removed": ops, "narrowed": graf} {
+		done := make(chan error, 1)
+		go func() {
+			var err error
+			for err == nil {
+				_, err = s.next()
+			}
+			done <- err
+		}()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the stream of the %s token did not end after the reload", name)
+		}
+	}
+	f.apply(t, locktable.Command{Op: locktable.OpAcquire, Now: t0, Lock: "payment-processor", ClientID: "worker-7", TTLms: 30000})
+	for ev := keep.nextWithin(t, 3*time.Second); !strings.Contains(ev.data, "payment-processor"); ev = keep.nextWithin(t, 3*time.Second) {
+		if ev.name != "ping" {
+			t.Fatalf("the stream of a token that kept its access: %+v", ev)
+		}
+	}
+	resp, _ := open("ops-token-0123456789")
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Fatalf("reconnect of the removed token: %d", resp.StatusCode)
+	}
+}

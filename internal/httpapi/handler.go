@@ -126,6 +126,10 @@ type Config struct {
 	Extra map[string]http.Handler
 	// Pprof serves Go's profiler under /debug/pprof/ (admin access).
 	Pprof bool
+	// Hosts is the Host check every request passes first (SPEC 19; see
+	// HostCheck). nil serves every Host: only for a handler no browser can
+	// reach (tests).
+	Hosts *HostCheck
 	// MaxRestoreBytes bounds an uploaded backup (413 beyond); 0 means
 	// DefaultMaxRestoreBytes. The whole backup is held in memory, decoded
 	// and re-encoded while it is restored, so a member needs a few times
@@ -150,6 +154,7 @@ type Handler struct {
 	// maxRestore bounds an uploaded backup (Config.MaxRestoreBytes).
 	maxRestore int64
 	adm        *admission.Controller
+	hosts      *HostCheck
 }
 
 // New builds the handler.
@@ -164,7 +169,7 @@ func New(cfg Config) *Handler {
 		cfg.MaxRestoreBytes = DefaultMaxRestoreBytes
 	}
 	h := &Handler{b: cfg.Backend, obs: cfg.Observer, auth: cfg.Auth, log: cfg.Logger, mux: http.NewServeMux(),
-		maxRestore: cfg.MaxRestoreBytes, adm: cfg.Admission}
+		maxRestore: cfg.MaxRestoreBytes, adm: cfg.Admission, hosts: cfg.Hosts}
 	// API routes go on the router, not the mux (see router.go): wrong
 	// methods are 405, lock names may span segments, empty names are 400.
 	rt := &h.routes
@@ -209,6 +214,10 @@ func New(cfg Config) *Handler {
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := h.hosts.check(r.Host); err != nil {
+		writeError(w, err)
+		return
+	}
 	if !h.routes.serve(w, r) {
 		h.mux.ServeHTTP(w, r)
 	}
@@ -768,7 +777,8 @@ func (h *Handler) getLock(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if _, ok := h.allow(w, r, auth.Read, name, false); !ok {
+	who, ok := h.allow(w, r, auth.Read, name, false)
+	if !ok {
 		return
 	}
 	index, wait, blocking, err := blockingParams(r)
@@ -781,7 +791,7 @@ func (h *Handler) getLock(w http.ResponseWriter, r *http.Request) {
 	}
 	stale := r.URL.Query().Get("stale") == "true"
 	if blocking {
-		h.blockingGet(w, r, name, index, wait, stale)
+		h.blockingGet(w, r, who, name, index, wait, stale)
 		return
 	}
 	var li locktable.LockInfo
@@ -821,7 +831,11 @@ func blockingParams(r *http.Request) (index uint64, wait time.Duration, blocking
 // early when it cannot tell (leadership changed, the state was replaced, or
 // it fell behind): clients compare index and ask again. A parked query is a
 // goroutine blocked on its watch's channel; nothing polls.
-func (h *Handler) blockingGet(w http.ResponseWriter, r *http.Request, name string, index uint64, wait time.Duration, stale bool) {
+//
+// A query parks for up to 10 minutes: its token is checked again before it
+// answers (SPEC 20), so a token removed from the token file meanwhile, or
+// one that lost read access to the lock, reads nothing more.
+func (h *Handler) blockingGet(w http.ResponseWriter, r *http.Request, who auth.Identity, name string, index uint64, wait time.Duration, stale bool) {
 	// Watch before reading, so no change slips between the read and the
 	// wait.
 	wt := h.b.WatchLock(name, 1)
@@ -842,6 +856,18 @@ func (h *Handler) blockingGet(w http.ResponseWriter, r *http.Request, name strin
 		}
 		read()
 		break
+	}
+	if h.auth != nil {
+		id, err := h.auth.Refresh(who)
+		if err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="lockd"`)
+			writeError(w, &apiError{code: api.CodeUnauthenticated, msg: "the token was removed from the member's token file while the query waited"})
+			return
+		}
+		if !id.Allows(auth.Read, name) {
+			writeError(w, &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf("token %q lost read access to %q while the query waited", id.Name, name)})
+			return
+		}
 	}
 	st := statusOf(li)
 	st.Stale = stale

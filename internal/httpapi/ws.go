@@ -44,7 +44,9 @@ type wsConn struct {
 	pending  map[string][]*pendingAcquire // lock (or multiKey) -> acquires waiting for their answer, in the order sent
 	lanes    map[string][]*laneItem       // lock -> requests waiting for that lock's lane
 	subReady chan struct{}
-	id       auth.Identity // the connection's token, when auth is on
+	id       auth.Identity // the connection's token as it was at the upgrade: its name owns the session
+	auth     *wsAuth       // the token as it is now (wsauth.go); nil with auth off
+	readOnly bool          // hello opened no session: a read token's connection (wsauth.go)
 
 	work     sync.WaitGroup // request goroutines
 	inflight chan struct{}  // bounds the requests in flight
@@ -88,16 +90,10 @@ type pendingAcquire struct {
 	ended []int64
 }
 
-// allowLock checks the connection's token for lock access to one lock.
-func (wc *wsConn) allowLock(name string) error {
-	if wc.h.auth == nil || wc.id.Allows(auth.Lock, name) {
-		return nil
-	}
-	return &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf("token %q lacks lock access to %q", wc.id.Name, name)}
-}
-
 func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
-	id, ok := h.allow(w, r, auth.Lock, "", true)
+	// Read access somewhere is enough to connect: a read token's
+	// connection serves watches (wsauth.go).
+	id, ok := h.allow(w, r, auth.Read, "", true)
 	if !ok {
 		return
 	}
@@ -111,6 +107,9 @@ func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
 	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string][]*pendingAcquire{},
 		lanes: map[string][]*laneItem{}, subReady: make(chan struct{}), id: id,
 		inflight: make(chan struct{}, maxInflight)}
+	if h.auth != nil {
+		wc.auth = &wsAuth{store: h.auth, id: id, gen: h.auth.Generation()}
+	}
 	wc.w = newWSWriter(c, cw.cork, cancel)
 	defer cancel()
 	if !h.b.Ready() {
@@ -131,6 +130,10 @@ func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); wc.pushLoop() }()
+	if wc.auth != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); wc.authLoop() }()
+	}
 	reason := wc.readLoop()
 	cancel()
 	wc.work.Wait()
@@ -199,7 +202,7 @@ func (wc *wsConn) readLoop() string {
 			}
 			continue
 		}
-		if wc.sessionID() == "" {
+		if !wc.helloDone() {
 			wc.replyErr(req.ID, invalid("the first request must be hello"))
 			continue
 		}
@@ -306,6 +309,11 @@ func (wc *wsConn) serve(req api.WSRequest) {
 	if wc.ctx.Err() != nil {
 		return
 	}
+	defer wc.enter()()
+	if err := wc.authorize(req); err != nil {
+		wc.fail(req.ID, err)
+		return
+	}
 	var herr error
 	switch req.Op {
 	case api.OpAcquire:
@@ -363,9 +371,22 @@ func (wc *wsConn) sessionID() string {
 	return wc.session
 }
 
+// helloDone reports whether hello was answered: a session, or none on a
+// read-only connection.
+func (wc *wsConn) helloDone() bool {
+	wc.mu.Lock()
+	defer wc.mu.Unlock()
+	return wc.session != "" || wc.readOnly
+}
+
 func (wc *wsConn) hello(req api.WSRequest) error {
-	if wc.sessionID() != "" {
+	if wc.helloDone() {
 		return invalid("hello was already sent on this connection")
+	}
+	defer wc.enter()()
+	who, err := wc.identity()
+	if err != nil {
+		return err
 	}
 	if err := validClientID("client_id", req.ClientID); err != nil {
 		return err
@@ -375,6 +396,28 @@ func (wc *wsConn) hello(req api.WSRequest) error {
 	}
 	if err := validSessionID(req.SessionID); err != nil {
 		return err
+	}
+	if who.Name != wc.id.Name && !who.IsAdmin() {
+		return &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf(
+			"the token of this connection became identity %q after it connected as %q; reconnect", who.Name, wc.id.Name)}
+	}
+	if wc.auth != nil && !who.AllowsAny(auth.Lock) {
+		// A read token: no session to create or resume (sessions hold
+		// locks); the connection serves watches.
+		if req.SessionID != "" {
+			return &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf(
+				"token %q has read access only: it cannot resume a session (its connection serves watches, without one)", who.Name)}
+		}
+		// Its subscription carries no event (no client id is that key), only
+		// the end of this member's leadership, which ends the connection as
+		// it ends a session's.
+		sub := wc.h.b.Subscribe(readOnlySubscription)
+		wc.mu.Lock()
+		wc.readOnly, wc.client, wc.sub = true, req.ClientID, sub
+		wc.mu.Unlock()
+		close(wc.subReady)
+		wc.send(api.WSMessage{ID: req.ID, Type: api.TypeHello, ReadOnly: true})
+		return nil
 	}
 	id, ttl := req.SessionID, int64(api.DefaultSessionTTL)
 	if req.SessionTTLms != nil {
@@ -387,7 +430,7 @@ func (wc *wsConn) hello(req api.WSRequest) error {
 		// Only the session's owner (or an admin) may resume it, and nothing
 		// about a session reaches anyone else: not its lease, not whether it
 		// exists (see sessions.go).
-		if err := wc.h.sessionAccess(wc.id, id); err != nil {
+		if err := wc.h.sessionAccess(who, id); err != nil {
 			sub.Close()
 			return err
 		}
@@ -963,15 +1006,15 @@ func (wc *wsConn) watch(req api.WSRequest) error {
 		if len(*req.Prefix) > api.MaxLockName {
 			return invalid("prefix is %d bytes, a lock name at most %d", len(*req.Prefix), api.MaxLockName)
 		}
-		if wc.h.auth != nil && !wc.id.Allows(auth.Read, *req.Prefix) {
-			return &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf("token %q lacks read access to every lock under %q", wc.id.Name, *req.Prefix)}
+		if err := wc.allowRead(*req.Prefix, true); err != nil {
+			return err
 		}
 	} else {
 		if why := ValidLockName(req.Lock); why != "" {
 			return invalid("%s", why)
 		}
-		if wc.h.auth != nil && !wc.id.Allows(auth.Read, req.Lock) {
-			return &apiError{code: api.CodePermissionDenied, msg: fmt.Sprintf("token %q lacks read access to %q", wc.id.Name, req.Lock)}
+		if err := wc.allowRead(req.Lock, false); err != nil {
+			return err
 		}
 	}
 	var w *notify.Watch
@@ -1057,9 +1100,7 @@ func (wc *wsConn) forward(id uint64, w *notify.Watch, seen map[string]uint64) {
 			return
 		case <-caughtUp:
 			behind, caughtUp = false, nil
-			if wc.watching(id, w) {
-				wc.send(api.WSMessage{Type: api.TypeResync, WatchID: id})
-			}
+			wc.sendIfWatching(id, w, api.WSMessage{Type: api.TypeResync, WatchID: id})
 		case ch, ok := <-w.C():
 			if !ok {
 				return
@@ -1079,25 +1120,16 @@ func (wc *wsConn) forward(id uint64, w *notify.Watch, seen map[string]uint64) {
 				}
 				delete(seen, name) // every later change is above it
 			}
-			if !wc.watching(id, w) {
-				return
-			}
 			st := statusOf(ch.Status)
-			wc.send(api.WSMessage{Type: api.TypeChanged, WatchID: id, Lock: name, Index: ch.Status.Index, Status: &st})
-		case <-w.Resync():
-			if !wc.watching(id, w) {
+			if !wc.sendIfWatching(id, w, api.WSMessage{Type: api.TypeChanged, WatchID: id, Lock: name, Index: ch.Status.Index, Status: &st}) {
 				return
 			}
-			wc.send(api.WSMessage{Type: api.TypeResync, WatchID: id})
+		case <-w.Resync():
+			if !wc.sendIfWatching(id, w, api.WSMessage{Type: api.TypeResync, WatchID: id}) {
+				return
+			}
 		}
 	}
-}
-
-// watching reports whether watch id is still w (not unwatched).
-func (wc *wsConn) watching(id uint64, w *notify.Watch) bool {
-	wc.mu.Lock()
-	defer wc.mu.Unlock()
-	return wc.watches[id] == w
 }
 
 func (wc *wsConn) unwatch(req api.WSRequest) error {

@@ -56,6 +56,15 @@ type Watch struct {
 // C delivers the changes; they are shared by every watcher: read only.
 func (w *Watch) C() <-chan *Change { return w.c }
 
+// Scope is what the watch follows: one lock (prefix false), or every lock
+// under a prefix.
+func (w *Watch) Scope() (name string, prefix bool) {
+	if w.single {
+		return w.lock, false
+	}
+	return w.prefix, true
+}
+
 // Resync is signalled when changes were dropped for this watcher.
 func (w *Watch) Resync() <-chan struct{} { return w.resync }
 
@@ -120,6 +129,13 @@ func (ws *Watches) Watching() bool {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	return ws.count > 0
+}
+
+// Count returns the number of open watches.
+func (ws *Watches) Count() int {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return ws.count
 }
 
 // Interested reports whether a change of lock has a watcher.

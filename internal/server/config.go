@@ -18,6 +18,7 @@ import (
 	"github.com/lockd/lockd/fence"
 	"github.com/lockd/lockd/internal/admission"
 	"github.com/lockd/lockd/internal/auth"
+	"github.com/lockd/lockd/internal/httpapi"
 	"github.com/lockd/lockd/internal/locktable"
 	"github.com/lockd/lockd/internal/raftnode"
 	"github.com/lockd/lockd/internal/tlsfiles"
@@ -87,6 +88,10 @@ type Config struct {
 	// PeerToken is the (admin) token members send on their calls to each
 	// other when Auth is on.
 	PeerToken string
+	// AllowedHosts are the names, beyond the member's own listen and
+	// advertised names, localhost and IP literals, that a request's Host
+	// may carry ("*": any); others get 403 (SPEC 19, httpapi.HostCheck).
+	AllowedHosts []string
 
 	// MaxRestoreBytes bounds an uploaded backup (0: httpapi's default,
 	// 256 MiB); it must stay below raftnode.MaxSnapshotBytes.
@@ -228,6 +233,11 @@ func (c *Config) Validate() error {
 	}
 	if c.LogStore != "" && c.LogStore != "bolt" && c.LogStore != "wal" && c.LogStore != "memory" {
 		errs = append(errs, fmt.Errorf("--log-store %q: want wal or bolt, or leave it unset", c.LogStore))
+	}
+	for _, a := range c.AllowedHosts {
+		if err := httpapi.ValidAllowedHost(a); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := validateQuotas(c.Quotas); err != nil {
 		errs = append(errs, err)

@@ -92,6 +92,11 @@ func New(cfg Config) (*Server, error) {
 	if s.url == "" {
 		s.url = scheme + ln.Addr().String()
 	}
+	hosts, err := httpapi.NewHostCheck(ownHostNames(cfg.HTTPAddr, ln.Addr().String(), s.url), cfg.AllowedHosts)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
 
 	raftLn, raftDial := cfg.RaftListener, dialer(cfg.RaftDial, cfg.RaftDialOverrides)
 	transport := &http.Transport{MaxIdleConnsPerHost: 4}
@@ -151,7 +156,8 @@ func New(cfg Config) (*Server, error) {
 		MaxRestoreBytes: cfg.MaxRestoreBytes,
 		Metrics:         promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}),
 		Extra:           map[string]http.Handler{"/ui/": dashboard.New(s, cfg.Logger, dashboard.WithAuth(cfg.Auth)), "GET /ui": http.RedirectHandler("/ui/", http.StatusMovedPermanently)},
-		Pprof:           cfg.Pprof})
+		Pprof:           cfg.Pprof,
+		Hosts:           hosts})
 	s.httpSrv = &http.Server{Handler: limitRequests(h, cfg.Conns), ReadHeaderTimeout: headerTimeout,
 		IdleTimeout: cfg.Conns.IdleTimeout,
 		BaseContext: func(net.Listener) context.Context { return s.baseCtx },

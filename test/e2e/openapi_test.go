@@ -695,6 +695,22 @@ func (s *scenario) websocketScenario(t *testing.T, worker, admin, reader string)
 	}
 	w0.awaitClosed(t)
 
+	// A read token's connection: hello opens no session; it watches, and
+	// every other op is refused.
+	ro := s.dial(t, L, reader)
+	ro.send(t, map[string]any{"id": 1, "op": "hello", "client_id": "dashboard", "session_ttl_ms": 10000})
+	if f := ro.await(t, "the read-only hello", byID(1)); f.typ() != api.TypeHello || f["read_only"] != true || f["session_id"] != nil {
+		t.Errorf("a read token's hello: %v", f)
+	}
+	ro.send(t, map[string]any{"id": 2, "op": "watch", "prefix": "ws/"})
+	if f := ro.await(t, "the read-only watch", byID(2)); f.typ() != api.TypeOK {
+		t.Errorf("a read token's watch: %v", f)
+	}
+	ro.send(t, map[string]any{"id": 3, "op": "acquire", "lock": "ws/ro"})
+	if f := ro.await(t, "the read-only acquire", byID(3)); f.code() != api.CodePermissionDenied {
+		t.Errorf("a read token's acquire: %v", f)
+	}
+
 	// A lock held over HTTP, for the waits below.
 	h := chk.do(t, call{method: "POST", url: L + "/api/v1/locks/ws%2Fheld/acquire", token: worker,
 		body: map[string]any{"client_id": "http-holder", "ttl_ms": 60000}, want: 200})
