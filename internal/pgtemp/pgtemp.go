@@ -8,8 +8,8 @@
 //
 // The server is this process's child rather than a daemon started with
 // `pg_ctl start`: pg_ctl detaches the postmaster (setsid), so a test binary
-// killed by its timeout would leave it running. As a child it gets a
-// parent-death signal and ends with us, however we end.
+// killed by its timeout would leave it running. As a child it gets (on
+// Linux) a parent-death signal and ends with us, however we end.
 //
 // initdb and postgres refuse to run as root. Run as root, pgtemp runs both
 // as the "postgres" user (Debian's postgresql package creates it) and hands
