@@ -97,9 +97,10 @@ func workerMain() int {
 		return fail("acquire %q: %v", cfg.Lock, err)
 	}
 	emit(event{Ev: "acquired", Pid: os.Getpid(), Token: lock.Token(), Proof: lock.Proof() != ""})
-	creds := sqlfence.CredentialsOf(lock)
 
-	if err := l.transfer(ctx, creds, "A", "alice", "bob", 100); err != nil {
+	// The credentials are read from the lock at each write: the token
+	// stays, the proof may be a fresher one.
+	if err := l.transfer(ctx, sqlfence.CredentialsOf(lock), "A", "alice", "bob", 100); err != nil {
 		return fail("transfer #1: %v", err)
 	}
 	emit(event{Ev: "transferred", Token: lock.Token()})
@@ -141,7 +142,7 @@ func workerMain() int {
 
 	// A does not look at its lease again: it checked a moment ago, as far
 	// as it can tell.
-	err = l.apply(ctx, creds, "A", p, !cfg.Unfenced)
+	err = l.apply(ctx, sqlfence.CredentialsOf(lock), "A", p, !cfg.Unfenced)
 	var stale *fence.StaleTokenError
 	switch {
 	case err == nil:

@@ -74,7 +74,9 @@
 // connection rather than return it to the pool in an unknown state. Open
 // the database with a busy timeout (modernc.org/sqlite:
 // "file:app.db?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)"), so
-// writers wait for each other instead of being retried.
+// writers wait for each other instead of being retried. An in-memory
+// database (":memory:") is one per connection, so the guard table Migrate
+// made would not be there for the next connection: use a file.
 //
 // # What it does not do
 //
