@@ -2,21 +2,23 @@ package fence
 
 import (
 	"context"
-	"crypto/ed25519"
 	"errors"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/lockd/lockd/api"
 )
 
-// Admission describes a fenced write whose token was admitted. Middleware
-// puts it in the request's context for the wrapped handler (FromContext).
+// Admission describes a fenced write whose credentials were checked
+// (Verifier.Authenticate). Middleware puts it in the request's context for
+// the wrapped handler (FromContext) once its token was admitted.
 type Admission struct {
-	Key   string // the resource key the token was checked against
-	Token uint64 // the admitted token, now the highest for Key
-	Lock  string // Fencing-Lock, "" when absent; the key's lock when Key is bound
+	Key   string // the resource key the token is checked against
+	Token uint64 // the write's token; once admitted, the highest for Key
+	Lock  string // the lock the write names, "" when none; the key's lock when Key is bound
+	// Guarded says Lock is the key's lock by configuration (a guard), not
+	// only by the write's word (see Write.Guarded).
+	Guarded bool
 	// Mode is the grant's mode stated by a verified proof (always
 	// ModeExclusive: a shared grant's proof is refused), "" when no proof
 	// was checked.
@@ -24,6 +26,11 @@ type Admission struct {
 	// ProofExpiresAt is the expiry carried by a verified proof (Unix ms),
 	// 0 when no proof was checked or the grant has no expiry of its own.
 	ProofExpiresAt int64
+}
+
+// Write is the write a Store checks for a: see Write.Apply.
+func (a Admission) Write() Write {
+	return Write{Token: a.Token, Lock: a.Lock, Guarded: a.Guarded}
 }
 
 type admissionKey struct{}
@@ -38,15 +45,9 @@ func withAdmission(ctx context.Context, a Admission) context.Context {
 	return context.WithValue(ctx, admissionKey{}, a)
 }
 
-// authenticator reads a write's fencing headers and checks its proof: the
-// part Middleware and Server share. A nil pub checks no proofs.
-type authenticator struct {
-	pub ed25519.PublicKey
-	// now is the clock a proof's expiry is compared with; acceptExpired
-	// turns that comparison off (WithoutProofExpiry).
-	now           func() time.Time
-	acceptExpired bool
-}
+// authenticator reads a write's fencing headers and checks them with its
+// Verifier: the HTTP part Middleware and Server share.
+type authenticator struct{ Verifier }
 
 // authenticate returns the write's token, lock, mode and proof expiry, or
 // the reply to refuse it with: 400 for a missing or malformed header, 403
@@ -60,43 +61,35 @@ func (a authenticator) authenticate(h http.Header, key, guard string) (Admission
 	if err != nil {
 		return Admission{}, newHTTPError(api.CodeInvalidArgument, err.Error())
 	}
-	adm := Admission{Key: key, Token: hs.Token, Lock: hs.Lock}
-	if guard != "" && hs.Lock != guard {
-		return Admission{}, newHTTPError(api.CodePermissionDenied,
-			(&LockMismatchError{Key: key, Lock: hs.Lock, Bound: guard}).Error()+
-				": a write to it must name that lock in "+HeaderLock)
-	}
-	if a.pub == nil {
+	adm, err := a.Authenticate(key, guard, Credentials{Token: hs.Token, Lock: hs.Lock, Proof: hs.Proof})
+	if err == nil {
 		return adm, nil
 	}
-	if hs.Proof == "" {
+	var mismatch *LockMismatchError
+	switch {
+	case errors.As(err, &mismatch):
+		return Admission{}, newHTTPError(api.CodePermissionDenied,
+			mismatch.Error()+": a write to it must name that lock in "+HeaderLock)
+	case errors.Is(err, ErrInvalidLock): // ParseHeaders checked it already
+		return Admission{}, newHTTPError(api.CodeInvalidArgument, "header "+HeaderLock+": "+err.Error())
+	case errors.Is(err, ErrMissingProof):
 		return Admission{}, newHTTPError(api.CodePermissionDenied,
 			"header "+HeaderProof+" is missing: this server accepts only writes with a proof signed by the lock service")
-	}
-	if hs.Lock == "" {
+	case errors.Is(err, ErrMissingLock):
 		return Admission{}, newHTTPError(api.CodePermissionDenied,
 			"header "+HeaderLock+" is missing: the "+HeaderProof+" covers the lock name, so it cannot be checked without it")
 	}
-	exp, err := Verify(a.pub, hs.Lock, hs.Token, hs.Proof)
-	if err != nil {
-		return Admission{}, newHTTPError(api.CodePermissionDenied, "header "+HeaderProof+": "+err.Error())
-	}
-	adm.Mode, adm.ProofExpiresAt = ModeExclusive, exp
-	return adm, nil
+	return Admission{}, newHTTPError(api.CodePermissionDenied, "header "+HeaderProof+": "+err.Error())
 }
 
 // expired returns the 403 for an admitted write whose proof has expired,
 // nil when it has not, when no proof was checked, or when expired proofs
 // are accepted.
 func (a authenticator) expired(adm Admission) *httpError {
-	if a.pub == nil || a.acceptExpired || adm.Mode == "" {
-		return nil
+	if err := a.Expired(adm); err != nil {
+		return newHTTPError(api.CodePermissionDenied, "header "+HeaderProof+": "+err.Error())
 	}
-	if !(Grant{ExpiresAt: adm.ProofExpiresAt}).Expired(a.now()) {
-		return nil
-	}
-	return newHTTPError(api.CodePermissionDenied, "header "+HeaderProof+": "+ErrExpiredProof.Error()+
-		" (the grant expired at "+api.FormatTime(adm.ProofExpiresAt)+"; a holder that renews gets a fresh proof by acquiring again)")
+	return nil
 }
 
 // admitError turns an error of Store.Admit or Store.Put into its reply:

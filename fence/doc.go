@@ -33,6 +33,12 @@
 //     replies.
 //   - NewServer is the whole fencestore resource server (cmd/fencestore).
 //
+// A Verifier holds the checks of a write's credentials (lock name, guard,
+// proof) that Middleware and NewServer apply before Write.Apply, so that a
+// resource that is not an HTTP handler refuses exactly the same writes:
+// package fence/sqlfence does, for rows of PostgreSQL and SQLite, in the
+// transaction of the writes it guards.
+//
 // # Guarantees
 //
 // Middleware admits the token at check time: when it calls the wrapped

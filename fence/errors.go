@@ -15,6 +15,13 @@ var (
 	ErrBadProof = errors.New("fence: bad fencing proof")
 	// ErrMissingProof: a write without Fencing-Proof where one is required.
 	ErrMissingProof = errors.New("fence: missing fencing proof")
+	// ErrMissingLock: a write that names no lock (Fencing-Lock) where
+	// proofs are checked: a proof covers the lock name, so it cannot be
+	// checked without it.
+	ErrMissingLock = errors.New("fence: the write names no lock")
+	// ErrInvalidLock: a write naming a lock that is not a valid lock name
+	// (1-256 bytes of [A-Za-z0-9._:/-]).
+	ErrInvalidLock = errors.New("fence: invalid lock name")
 	// ErrExpiredProof: a proof whose signed expiry has passed (see
 	// Grant.Expired; the Middleware accepts such proofs only with
 	// WithoutProofExpiry).

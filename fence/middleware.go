@@ -25,7 +25,7 @@ type middlewareConfig struct {
 // expired (see WithoutProofExpiry), gets 403 permission_denied.
 // A key of the wrong size fails closed: every write is refused.
 func WithVerifyKey(pub ed25519.PublicKey) Option {
-	return func(c *middlewareConfig) { c.auth.pub = pub }
+	return func(c *middlewareConfig) { c.auth.Key = pub }
 }
 
 // WithProofExpiry sets the clock a proof's expiry is compared with; the
@@ -34,7 +34,7 @@ func WithVerifyKey(pub ed25519.PublicKey) Option {
 // the proof was signed, by the lock service's clock, so the two machines'
 // clocks should agree to well within a TTL.
 func WithProofExpiry(now func() time.Time) Option {
-	return func(c *middlewareConfig) { c.auth.now = now }
+	return func(c *middlewareConfig) { c.auth.Now = now }
 }
 
 // WithoutProofExpiry accepts proofs whose expiry has passed; the token
@@ -48,7 +48,7 @@ func WithProofExpiry(now func() time.Time) Option {
 // holder of the same lock writes to the key (the window fencing tokens
 // alone leave open); refusing expired proofs narrows that to the lease.
 func WithoutProofExpiry() Option {
-	return func(c *middlewareConfig) { c.auth.acceptExpired = true }
+	return func(c *middlewareConfig) { c.auth.AcceptExpired = true }
 }
 
 // WithKeyFunc sets how a request maps to the resource key whose highest
@@ -124,7 +124,7 @@ func Middleware(c *Checker, opts ...Option) func(http.Handler) http.Handler {
 		c = NewChecker(nil)
 	}
 	cfg := middlewareConfig{
-		auth:     authenticator{now: time.Now},
+		auth:     authenticator{Verifier{Now: time.Now}},
 		keyFunc:  func(r *http.Request) string { return r.URL.Path },
 		lockFunc: func(*http.Request, string) string { return "" },
 	}
@@ -134,8 +134,8 @@ func Middleware(c *Checker, opts ...Option) func(http.Handler) http.Handler {
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.auth.now == nil {
-		cfg.auth.now = time.Now
+	if cfg.auth.Now == nil {
+		cfg.auth.Now = time.Now
 	}
 	if cfg.lockFunc == nil {
 		cfg.lockFunc = func(*http.Request, string) string { return "" }
@@ -155,7 +155,7 @@ func Middleware(c *Checker, opts ...Option) func(http.Handler) http.Handler {
 				herr.write(w)
 				return
 			}
-			wr := Write{Token: adm.Token, Lock: adm.Lock, Guarded: guard != ""}
+			wr := adm.Write()
 			if herr := cfg.auth.expired(adm); herr != nil {
 				// A write that is also stale or under a foreign lock is
 				// refused for that: "the lock was lost" is the more useful

@@ -118,14 +118,14 @@ func NewServer(cfg ServerConfig) (http.Handler, error) {
 	}
 	s := &server{
 		store:    cfg.Store,
-		auth:     authenticator{pub: cfg.VerifyKey, now: cfg.Now},
+		auth:     authenticator{Verifier{Key: cfg.VerifyKey, Now: cfg.Now}},
 		guards:   cfg.Guards,
 		maxValue: cfg.MaxValueBytes,
 		log:      cfg.Logger,
 		mux:      http.NewServeMux(),
 	}
-	if s.auth.now == nil {
-		s.auth.now = time.Now
+	if s.auth.Now == nil {
+		s.auth.Now = time.Now
 	}
 	if cfg.AdminToken != "" {
 		s.admin, s.adminOn = sha256.Sum256([]byte(cfg.AdminToken)), true
@@ -221,7 +221,7 @@ func (s *server) put(w http.ResponseWriter, r *http.Request, key string) {
 		herr.write(w)
 		return
 	}
-	wr := Write{Token: adm.Token, Lock: adm.Lock, Guarded: guard != ""}
+	wr := adm.Write()
 	// A stale token stays stale (the highest only grows) and a binding
 	// stays, so refuse before reading a body that would be thrown away.
 	// Put checks again. This also answers a stale token whose proof has
