@@ -251,9 +251,12 @@ type LockStatus struct {
 	// semaphore size, every grant by token, the lowest token's value, the
 	// end of a running lock-delay, and the log index of the lock's last
 	// change.
-	Mode         string         `json:"mode"`
-	Limit        int64          `json:"limit"`
+	Mode  string `json:"mode"`
+	Limit int64  `json:"limit"`
+	// Holders are at most 64 grants, the lowest tokens; HoldersTotal counts
+	// every grant, and GET /api/v1/locks/{name}/holders pages them all.
 	Holders      []HolderStatus `json:"holders,omitempty"`
+	HoldersTotal int            `json:"holders_total"`
 	Value        string         `json:"value,omitempty"`
 	DelayedUntil string         `json:"delayed_until,omitempty"`
 	Index        uint64         `json:"index"`
@@ -270,6 +273,21 @@ type HolderStatus struct {
 	Mode         string `json:"mode"`
 	Value        string `json:"value,omitempty"`
 }
+
+// HoldersPage is the reply of GET /api/v1/locks/{name}/holders: grants in
+// token order; Next is the token to pass as after for the next page, ""
+// on the last.
+type HoldersPage struct {
+	Lock         string         `json:"lock"`
+	Holders      []HolderStatus `json:"holders"`
+	HoldersTotal int            `json:"holders_total"`
+	Next         string         `json:"next"`
+	Stale        bool           `json:"stale,omitempty"`
+}
+
+// MaxStatusHolders is how many grants a status, list item or watch frame
+// shows at most.
+const MaxStatusHolders = 64
 
 // RevokeReply is the 200 reply of DELETE /api/v1/locks/{name}: the tokens
 // of the grants it ended ([] for a lock with no holder).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/lockd/lockd/api"
@@ -65,7 +66,8 @@ type holderWire struct {
 type statusWire struct {
 	Held bool `json:"held"`
 	holderWire
-	Holders []holderWire `json:"holders"`
+	Holders      []holderWire `json:"holders"`
+	HoldersTotal int          `json:"holders_total"`
 }
 
 func (c *Client) recheckLock(ctx context.Context, l *Lock) error {
@@ -89,6 +91,20 @@ func (c *Client) recheckLock(ctx context.Context, l *Lock) error {
 	for i := range hs {
 		if hs[i].ClientID == c.cfg.ClientID && hs[i].FencingToken == l.token {
 			h = &hs[i]
+		}
+	}
+	if h == nil && st.HoldersTotal > len(st.Holders) && l.token > 0 {
+		// A status lists the 64 lowest tokens; a grant of a bigger
+		// semaphore is found on the holders page that starts at it.
+		var page struct {
+			Holders []holderWire `json:"holders"`
+		}
+		q := "?limit=1&after=" + strconv.FormatUint(l.token-1, 10)
+		if err := c.api.do(ctx, http.MethodGet, lockPath(l.name, "holders")+q, nil, &page); err != nil {
+			return err
+		}
+		if len(page.Holders) == 1 && page.Holders[0].ClientID == c.cfg.ClientID && page.Holders[0].FencingToken == l.token {
+			h = &page.Holders[0]
 		}
 	}
 	c.mu.Lock()

@@ -355,7 +355,7 @@ func statusLine(st api.LockStatus) string {
 	} else {
 		fmt.Fprintf(&b, "%s held client_id=%s token=%d expires_at=%s session_id=%s waiters=%d mode=%s limit=%d holders=%d value=%s",
 			textValue(st.Lock), textValue(st.ClientID), st.FencingToken, textValue(st.ExpiresAt), textValue(st.SessionID), st.Waiters,
-			textValue(st.Mode), max(st.Limit, 1), max(len(st.Holders), 1), textValue(st.Value))
+			textValue(st.Mode), max(st.Limit, 1), max(st.HoldersTotal, len(st.Holders), 1), textValue(st.Value))
 	}
 	if st.DelayedUntil != "" {
 		fmt.Fprintf(&b, " delayed_until=%s", textValue(st.DelayedUntil))

@@ -21,7 +21,7 @@ func TestQuotaFlags(t *testing.T) {
 	for flag, def := range map[string]int64{
 		"max-sessions": d.Sessions, "max-sessions-per-token": d.SessionsPerOwner, "max-locks": d.Locks,
 		"max-waiters-per-lock": d.WaitersPerLock, "max-locks-per-session": d.LocksPerSession,
-		"max-locks-per-token": d.LocksPerOwner,
+		"max-locks-per-token": d.LocksPerOwner, "max-grants": d.Grants, "max-value-bytes": d.ValueBytes,
 	} {
 		i := strings.Index(help.String(), "-"+flag+" int\n")
 		if i < 0 {

@@ -437,7 +437,7 @@ func listed(li locktable.LockInfo, budget *int) int {
 // to holders.
 func lockOf(li locktable.LockInfo, holders []Holder) Lock {
 	l := Lock{Name: li.Name, Held: li.Held, Mode: api.ModeNone, Limit: max(1, li.Limit),
-		HoldersTotal: len(li.Holders), DelayedUntil: li.DelayedUntil, Waiters: li.Waiters, Index: li.Index}
+		HoldersTotal: li.HoldersTotal, DelayedUntil: li.DelayedUntil, Waiters: li.Waiters, Index: li.Index}
 	if li.Held {
 		l.Mode = li.Mode.String()
 	}

@@ -179,7 +179,8 @@ func New(cfg Config) *Handler {
 	rt.handle("POST", "/api/v1/locks/{name}/value", h.setValue) // SPEC "Values and elections"
 	rt.handle("POST", "/api/v1/locks/{name}/cancel", h.cancel)  // SPEC 18
 	rt.handle("GET", "/api/v1/locks/{name}", h.getLock)
-	rt.handle("DELETE", "/api/v1/locks/{name}", h.revoke) // SPEC "Revocation"
+	rt.handle("GET", "/api/v1/locks/{name}/holders", h.holders) // SPEC 16
+	rt.handle("DELETE", "/api/v1/locks/{name}", h.revoke)       // SPEC "Revocation"
 	rt.handle("GET", "/api/v1/locks", h.listLocks)
 	rt.handle("POST", "/api/v1/acquire", h.acquireMany) // SPEC "Multi-lock"
 	rt.handle("POST", "/api/v1/cancel", h.cancelMany)   // SPEC 18
@@ -421,12 +422,7 @@ func (h *Handler) grantsReply(client string, grants []locktable.Grant) api.Acqui
 
 // holding returns client's grant of lock in the table, if it holds one.
 func holding(t *locktable.Table, lock, client string) (locktable.Holder, bool) {
-	for _, h := range t.Get(lock).Holders {
-		if h.ClientID == client {
-			return h, true
-		}
-	}
-	return locktable.Holder{}, false
+	return t.HolderOf(lock, client)
 }
 
 func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
@@ -743,12 +739,12 @@ func statusOf(li locktable.LockInfo) api.LockStatus {
 		FencingToken: li.Token, ExpiresAt: api.FormatTime(li.ExpiresAt), Waiters: li.Waiters,
 		Mode: api.ModeNone, Limit: li.Limit, Value: li.Value, DelayedUntil: api.FormatTime(li.DelayedUntil),
 		Index: li.Index}
+	st.HoldersTotal = li.HoldersTotal
 	if li.Held {
 		st.Mode = li.Mode.String()
-		st.Holders = make([]api.HolderStatus, len(li.Holders))
+		st.Holders = make([]api.HolderStatus, len(li.Holders)) // at most 64: the lowest tokens
 		for i, h := range li.Holders {
-			st.Holders[i] = api.HolderStatus{ClientID: h.ClientID, FencingToken: h.Token,
-				ExpiresAt: api.FormatTime(h.ExpiresAt), Mode: h.Mode.String(), Value: h.Value}
+			st.Holders[i] = holderStatus(h)
 		}
 	}
 	return st

@@ -286,7 +286,7 @@ func (h *Handler) setValue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if res.Code != locktable.OK {
-		writeError(w, stateError(res.Code, name, ""))
+		writeError(w, resultError(res, name))
 		return
 	}
 	writeJSON(w, 200, api.ValueReply{Updated: true, FencingToken: res.Token})

@@ -108,6 +108,10 @@ func resultError(res locktable.Result, lock string) error {
 		what = "the session holds or waits on that many locks"
 	case locktable.QuotaLocksPerOwner:
 		what = "this token holds or waits on that many locks"
+	case locktable.QuotaGrants:
+		what = "the cluster holds that many grants and waits (a semaphore's holders each count)"
+	case locktable.QuotaValueBytes:
+		what = "the values of every grant and wait in the cluster would take more bytes"
 	}
 	return &apiError{code: api.CodeResourceExhausted, msg: fmt.Sprintf(
 		"quota %s (%d) reached: %s; retry once some are released", res.Quota, res.QuotaLimit, what)}

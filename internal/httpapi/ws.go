@@ -653,7 +653,7 @@ func (wc *wsConn) value(req api.WSRequest) error {
 		return err
 	}
 	if res.Code != locktable.OK {
-		return stateError(res.Code, req.Lock, "")
+		return resultError(res, req.Lock)
 	}
 	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, Lock: req.Lock, FencingToken: res.Token})
 	return nil

@@ -456,6 +456,8 @@ func (t *Table) enqueue(l *Lock, w Waiter, sess *Session) {
 	w.Owner = t.chargeLock(w.SessionID, w.Owner, 1)
 	l.Waiters = append(l.Waiters, w)
 	t.dl.addWait(l, &l.Waiters[len(l.Waiters)-1])
+	t.count.waiters++
+	t.count.valueBytes += int64(len(w.Value))
 	if sess != nil {
 		sess.index(&sess.waits)[l.Name] = struct{}{}
 	}
@@ -477,6 +479,11 @@ func (t *Table) grant(l *Lock, w *Waiter, now int64, ev *[]Event) *Holder {
 		Mode: w.Mode, DelayMs: w.DelayMs, Value: w.Value}
 	l.Holders = append(l.Holders, h)
 	t.dl.addGrant(l, h)
+	t.count.holders++
+	t.count.valueBytes += int64(len(h.Value))
+	if len(l.Holders) == 1 {
+		t.count.held++
+	}
 	if s, ok := t.sessions[w.SessionID]; ok {
 		s.index(&s.holds)[l.Name] = struct{}{}
 	}
@@ -491,9 +498,12 @@ func (t *Table) grant(l *Lock, w *Waiter, now int64, ev *[]Event) *Holder {
 func (t *Table) unhold(l *Lock, i int) *Holder {
 	h := l.Holders[i]
 	t.dl.removeGrant(h)
+	t.count.holders--
+	t.count.valueBytes -= int64(len(h.Value))
 	l.Holders = append(l.Holders[:i:i], l.Holders[i+1:]...)
 	if len(l.Holders) == 0 {
 		l.Holders = nil
+		t.count.held--
 	}
 	if s, ok := t.sessions[h.SessionID]; ok && s.holds != nil && !l.heldThrough(h.SessionID) {
 		delete(s.holds, l.Name)
@@ -607,6 +617,11 @@ func (t *Table) setValue(c Command, r *Result) {
 		r.Code = CodeNotHolder
 		return
 	}
+	if grow := int64(len(c.Value) - len(h.Value)); t.valueOver(c.Quotas, grow) {
+		c.Quotas.exhausted(r, QuotaValueBytes)
+		return
+	}
+	t.count.valueBytes += int64(len(c.Value) - len(h.Value))
 	h.Value = c.Value
 	t.touch(l)
 	r.Token, r.ExpiresAt, r.Mode = h.Token, h.ExpiresAt, h.Mode

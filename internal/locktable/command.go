@@ -156,7 +156,7 @@ func (c *Command) Encode() []byte {
 func (c *Command) version() byte {
 	v := byte(1)
 	switch mask := c.mask(); {
-	case c.Op >= firstV3Op || mask&^fV2 != 0 || (c.Op == OpAcquire && c.Token != 0):
+	case c.Op >= firstV3Op || mask&^fV2 != 0 || (c.Op == OpAcquire && c.Token != 0) || c.Quotas.sinceV3():
 		return 3 // an acquire's Token (a hand-off) means nothing to older members
 	case c.Op >= firstV2Op || mask&^fV1 != 0:
 		v = 2

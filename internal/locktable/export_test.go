@@ -59,6 +59,11 @@ func CheckCounters(t *Table) error {
 			return fmt.Errorf("session %q: kept %d locks and waits, recount %d", id, got, n)
 		}
 	}
+	kept := t.count
+	t.recount()
+	if kept != t.count {
+		return fmt.Errorf("counts kept %+v, recount %+v", kept, t.count)
+	}
 	return t.checkDeadlines()
 }
 

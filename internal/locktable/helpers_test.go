@@ -253,7 +253,7 @@ func wantInfo(t *testing.T, tb *lt.Table, want lt.LockInfo) {
 	// The fields of an exclusive lock's status; the lock kinds' own tests
 	// check holders, limits and indexes.
 	got := tb.Get(want.Name)
-	got.Holders, got.Index = nil, 0
+	got.Holders, got.Index, got.HoldersTotal = nil, 0, 0
 	if want.Limit == 0 {
 		got.Limit = 0
 	}

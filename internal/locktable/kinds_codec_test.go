@@ -99,7 +99,7 @@ func TestCommandVersionProperty(t *testing.T) {
 func versionOf(c lt.Command) int {
 	v := 1
 	switch {
-	case c.Op >= lt.OpCancel || c.Term != 0 || (c.Op == lt.OpAcquire && c.Token != 0):
+	case c.Op >= lt.OpCancel || c.Term != 0 || (c.Op == lt.OpAcquire && c.Token != 0) || c.Quotas.Grants != 0 || c.Quotas.ValueBytes != 0:
 		return 3
 	case c.Op >= lt.OpRevoke || c.Mode != 0 || c.Limit != 0 || c.DelayMs != 0 || c.Value != "" || len(c.Locks) > 0:
 		v = 2
@@ -135,7 +135,8 @@ func drawKindCommand(t *rapid.T, label string) lt.Command {
 		Term:      rapid.SampledFrom([]uint64{0, 0, 0, 7}).Draw(t, label+".term"),
 	}
 	if rapid.IntRange(0, 3).Draw(t, label+".quotas") == 0 {
-		c.Quotas = lt.Quotas{Locks: 5, LocksPerOwner: rapid.Int64Range(-1, 3).Draw(t, label+".q")}
+		c.Quotas = lt.Quotas{Locks: 5, LocksPerOwner: rapid.Int64Range(-1, 3).Draw(t, label+".q"),
+			Grants: rapid.SampledFrom([]int64{0, 0, 7}).Draw(t, label+".qg")}
 	}
 	if rapid.IntRange(0, 2).Draw(t, label+".kinds") == 0 {
 		c.Mode = lt.Mode(rapid.IntRange(0, 1).Draw(t, label+".mode"))

@@ -203,6 +203,12 @@ func (t *Table) manyQuota(c Command, locks []*Lock, sess *Session, queue bool) Q
 	if lim := q.Limit(QuotaLocksPerSession); sess != nil && lim > 0 && int64(sess.used+n) > lim {
 		return QuotaLocksPerSession
 	}
+	if lim := q.Limit(QuotaGrants); lim > 0 && int64(t.count.holders+t.count.waiters+n) > lim {
+		return QuotaGrants
+	}
+	if t.valueOver(q, int64(n*len(c.Value))) {
+		return QuotaValueBytes
+	}
 	if u, ok := t.usage[c.Owner]; ok {
 		if lim := q.Limit(QuotaLocksPerOwner); lim > 0 && int64(u.locks+n) > lim {
 			return QuotaLocksPerOwner

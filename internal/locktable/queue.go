@@ -123,6 +123,8 @@ func (t *Table) removeWaiter(l *Lock, i int) {
 // would diverge.
 func (t *Table) unwait(l *Lock, w Waiter) {
 	t.dl.removeWait(l, &w)
+	t.count.waiters--
+	t.count.valueBytes -= int64(len(w.Value))
 	t.touch(l)
 	t.chargeLock(w.SessionID, w.Owner, -1)
 	s, ok := t.sessions[w.SessionID]

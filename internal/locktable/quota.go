@@ -19,6 +19,12 @@ type Quotas struct {
 	WaitersPerLock   int64 // waiters queued on one lock
 	LocksPerSession  int64 // locks held plus waits queued through one session
 	LocksPerOwner    int64 // locks held plus waits queued by one owner identity
+	// Grants bounds the grants held plus waits queued in the cluster (a
+	// semaphore's holders each count, a multi-acquire's wait once per
+	// lock); ValueBytes the bytes of their values: what the table holds
+	// grows with both, not only with the number of locks.
+	Grants     int64
+	ValueBytes int64
 }
 
 // Quota names one of the Quotas in a resource_exhausted result.
@@ -32,6 +38,8 @@ const (
 	QuotaWaitersPerLock
 	QuotaLocksPerSession
 	QuotaLocksPerOwner
+	QuotaGrants
+	QuotaValueBytes
 )
 
 // String is the quota's name as operators know it: the lockd flag that
@@ -50,6 +58,10 @@ func (q Quota) String() string {
 		return "max-locks-per-session"
 	case QuotaLocksPerOwner:
 		return "max-locks-per-token"
+	case QuotaGrants:
+		return "max-grants"
+	case QuotaValueBytes:
+		return "max-value-bytes"
 	}
 	return "none"
 }
@@ -69,6 +81,10 @@ func (qs Quotas) Limit(q Quota) int64 {
 		return qs.LocksPerSession
 	case QuotaLocksPerOwner:
 		return qs.LocksPerOwner
+	case QuotaGrants:
+		return qs.Grants
+	case QuotaValueBytes:
+		return qs.ValueBytes
 	}
 	return 0
 }
@@ -103,24 +119,29 @@ func (qs Quotas) encode(w *writer) {
 	}
 }
 
-func (qs Quotas) values() [6]int64 {
-	return [6]int64{qs.Sessions, qs.SessionsPerOwner, qs.Locks, qs.WaitersPerLock, qs.LocksPerSession, qs.LocksPerOwner}
+func (qs Quotas) values() [8]int64 {
+	return [8]int64{qs.Sessions, qs.SessionsPerOwner, qs.Locks, qs.WaitersPerLock, qs.LocksPerSession, qs.LocksPerOwner,
+		qs.Grants, qs.ValueBytes}
 }
+
+// sinceV3 reports whether qs carries a quota a version-2 decoder does not
+// know (it would take the command for a corrupt one).
+func (qs Quotas) sinceV3() bool { return qs.Grants != 0 || qs.ValueBytes != 0 }
 
 func decodeQuotas(r *reader) Quotas {
 	mask := r.uvarint()
-	if mask >= 1<<6 {
+	if mask >= 1<<8 {
 		r.fail("unknown quota")
 		return Quotas{}
 	}
-	var v [6]int64
+	var v [8]int64
 	for i := range v {
 		if mask&(1<<i) != 0 {
 			v[i] = r.varint()
 		}
 	}
 	return Quotas{Sessions: v[0], SessionsPerOwner: v[1], Locks: v[2], WaitersPerLock: v[3],
-		LocksPerSession: v[4], LocksPerOwner: v[5]}
+		LocksPerSession: v[4], LocksPerOwner: v[5], Grants: v[6], ValueBytes: v[7]}
 }
 
 // usage is what one owner identity has in the table, kept up to date by
@@ -205,11 +226,23 @@ func (t *Table) lockQuota(c Command, l *Lock, sess *Session, queue bool) Quota {
 		return QuotaWaitersPerLock
 	case sess != nil && q.reached(QuotaLocksPerSession, sess.used):
 		return QuotaLocksPerSession
+	case q.reached(QuotaGrants, t.count.holders+t.count.waiters):
+		return QuotaGrants
+	case t.valueOver(q, int64(len(c.Value))):
+		return QuotaValueBytes
 	}
 	if u, ok := t.usage[c.Owner]; ok && q.reached(QuotaLocksPerOwner, u.locks) {
 		return QuotaLocksPerOwner
 	}
 	return 0
+}
+
+// valueOver reports whether n more bytes of values would go past the
+// value quota. Only what adds value bytes is refused: with the quota
+// lowered below what is stored, an acquire without a value still goes in.
+func (t *Table) valueOver(q Quotas, n int64) bool {
+	lim := q.Limit(QuotaValueBytes)
+	return n > 0 && lim > 0 && t.count.valueBytes+n > lim
 }
 
 // sessionQuota is the first quota a new session would break; 0 when there

@@ -318,7 +318,9 @@ var (
 func (g *gen) quotas(t *rapid.T) lt.Quotas {
 	d := func(label string) int64 { return rapid.SampledFrom(pLimits).Draw(t, label) }
 	return lt.Quotas{Sessions: d("qSessions"), SessionsPerOwner: d("qSessionsPerOwner"), Locks: d("qLocks"),
-		WaitersPerLock: d("qWaitersPerLock"), LocksPerSession: d("qLocksPerSession"), LocksPerOwner: d("qLocksPerOwner")}
+		WaitersPerLock: d("qWaitersPerLock"), LocksPerSession: d("qLocksPerSession"), LocksPerOwner: d("qLocksPerOwner"),
+		Grants: rapid.SampledFrom([]int64{0, 0, 2, 4, 6}).Draw(t, "qGrants"),
+		ValueBytes: rapid.SampledFrom([]int64{0, 0, 2, 4, 8}).Draw(t, "qValueBytes")}
 }
 
 // owned gives acquires and session creates an owner and small quotas, so
@@ -338,6 +340,7 @@ func (g *gen) owned(t *rapid.T, c lt.Command) lt.Command {
 // counts are the numbers the quotas bound, as the read API shows them.
 type counts struct {
 	sessions, locks, waiters, session int
+	grants, valueBytes                int
 	ownerSessions, ownerLocks         int
 }
 
@@ -345,6 +348,8 @@ func countsFor(tb *lt.Table, c lt.Command) counts {
 	locks, sessions := tb.Size()
 	k := counts{sessions: sessions, locks: locks, waiters: len(tb.Waiters(c.Lock)), session: tb.SessionUsage(c.SessionID)}
 	k.ownerSessions, k.ownerLocks = tb.OwnerUsage(c.Owner)
+	st := tb.Stats()
+	k.grants, k.valueBytes = st.Holders+st.Waiters, int(st.ValueBytes)
 	return k
 }
 
@@ -361,6 +366,8 @@ func grewPast(c lt.Command, before, after counts) error {
 		{lt.QuotaWaitersPerLock, before.waiters, after.waiters},
 		{lt.QuotaLocksPerSession, before.session, after.session},
 		{lt.QuotaLocksPerOwner, before.ownerLocks, after.ownerLocks},
+		{lt.QuotaGrants, before.grants, after.grants},
+		{lt.QuotaValueBytes, before.valueBytes, after.valueBytes},
 	} {
 		if lim := q.Limit(x.quota); lim > 0 && x.after > x.before && int64(x.after) > lim {
 			return fmt.Errorf("%v grew from %d to %d, past its limit %d", x.quota, x.before, x.after, lim)
@@ -454,4 +461,42 @@ func readSeed(t *testing.T, target, name string) []byte {
 		t.Fatalf("%s/%s: %v", target, name, err)
 	}
 	return []byte(s)
+}
+
+// TestGrantAndValueQuotas (SPEC 16): grants held plus waits queued, and the
+// bytes of their values, count against cluster quotas; a refusal changes
+// nothing and names the quota; hand-offs are never refused; what adds no
+// value bytes is never refused by the value quota, even above it.
+func TestGrantAndValueQuotas(t *testing.T) {
+	q := lt.Quotas{Grants: 3, ValueBytes: 10}
+	h := newHarness(t)
+	// A semaphore's holders each count.
+	for i := 0; i < 3; i++ {
+		h.ok(owned(withLimit(5, acq("sem", fmt.Sprintf("c%d", i), 10_000, 0, t0)), "", q))
+	}
+	h.exhausted(owned(withLimit(5, acq("sem", "c3", 10_000, 0, t0)), "", q), lt.QuotaGrants)
+	h.exhausted(owned(acq("other", "c3", 10_000, 60_000, t0), "", q), lt.QuotaGrants) // a wait counts too
+	// A retry of what exists is never refused.
+	h.ok(owned(withLimit(5, acq("sem", "c0", 10_000, 0, t0+1)), "", q))
+	h.ok(rel("sem", "c0", 1, t0+2))
+
+	// Values.
+	h = newHarness(t)
+	h.ok(owned(withValue("12345678", acq("v", "a", 10_000, 0, t0)), "", q))
+	h.exhausted(owned(withValue("123", acq("w", "b", 10_000, 0, t0)), "", q), lt.QuotaValueBytes)
+	h.ok(owned(acq("w", "b", 10_000, 0, t0), "", q)) // no value: no bytes added
+	set := setValue("v", "a", 1, "1234567890x", t0+1)
+	set.Quotas = q
+	h.exhausted(set, lt.QuotaValueBytes)
+	set.Value = "1234567890" // exactly the quota
+	h.ok(set)
+	// A multi-acquire counts its value once per lock.
+	h = newHarness(t)
+	m := owned(withValue("abcdef", acqMany("m", 10_000, 0, t0, "x", "y")), "", q)
+	h.exhausted(m, lt.QuotaValueBytes)
+	m.Value = "abcde"
+	h.ok(m)
+	if st := h.tb.Stats(); st.ValueBytes != 10 || st.Holders != 2 {
+		t.Fatalf("stats %+v", st)
+	}
 }

@@ -245,5 +245,6 @@ func Restore(b []byte) (*Table, error) {
 		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	t.dl.rebuild(t)
+	t.recount()
 	return t, nil
 }

@@ -178,6 +178,18 @@ type Table struct {
 	usage        map[string]*usage  // per owner identity; derived, never encoded
 	names        nameIndex          // lock names in order, for lists; derived, never encoded
 	dl           deadlines          // every deadline in time order, for the leader's timers; derived, never encoded
+	count        counts             // what the table holds, kept by every change; derived, never encoded
+}
+
+// counts is what the table holds, kept up to date by the few primitives
+// that add or remove a holder or a waiter (grant, unhold, enqueue, unwait)
+// or change a value, so that metrics and the cluster-wide quotas cost O(1)
+// instead of a walk of every lock under the lock Apply waits on.
+type counts struct {
+	held       int   // locks with at least one holder
+	holders    int   // grants
+	waiters    int   // queued waits (a multi-acquire once per queue)
+	valueBytes int64 // bytes of the values of every holder and waiter
 }
 
 type memoKey struct {
@@ -213,26 +225,65 @@ type LockInfo struct {
 	Value     string
 	Mode      Mode // the holders' mode; meaningless when !Held
 
-	Holders      []Holder // every grant, in token order
+	// Holders are the grants with the lowest tokens, in token order: at
+	// most MaxStatusHolders (a semaphore may have 10 000); HoldersTotal
+	// counts them all, and HoldersPage pages through them.
+	Holders      []Holder
+	HoldersTotal int
 	Waiters      int
 	Limit        int64 // 1 for an ordinary lock
 	DelayedUntil int64 // unix ms; 0: no lock-delay running
 	Index        uint64
 }
 
+// MaxStatusHolders bounds the grants one status copies (SPEC 16): a
+// status, list item or watch frame shows at most this many.
+const MaxStatusHolders = 64
+
 func (l *Lock) info() LockInfo {
 	li := LockInfo{Name: l.Name, Waiters: len(l.Waiters), Limit: l.limit(),
-		DelayedUntil: l.DelayedUntil, Index: l.Index}
+		DelayedUntil: l.DelayedUntil, Index: l.Index, HoldersTotal: len(l.Holders)}
 	if h := l.first(); h != nil {
 		li.Held, li.ClientID, li.SessionID = true, h.ClientID, h.SessionID
 		li.Token, li.TTLms, li.ExpiresAt = h.Token, h.TTLms, h.ExpiresAt
 		li.Value, li.Mode = h.Value, h.Mode
-		li.Holders = make([]Holder, len(l.Holders))
-		for i, h := range l.Holders {
-			li.Holders[i] = *h
+		li.Holders = make([]Holder, min(len(l.Holders), MaxStatusHolders))
+		for i := range li.Holders {
+			li.Holders[i] = *l.Holders[i]
 		}
 	}
 	return li
+}
+
+// HoldersPage returns the grants of a lock with a token above after, in
+// token order, at most limit of them, and the token to pass as after for
+// the next page (0 on the last).
+func (t *Table) HoldersPage(name string, after uint64, limit int) ([]Holder, uint64) {
+	l, ok := t.locks[name]
+	if !ok {
+		return []Holder{}, 0
+	}
+	i := sort.Search(len(l.Holders), func(i int) bool { return l.Holders[i].Token > after })
+	out := make([]Holder, 0, min(limit, len(l.Holders)-i))
+	for ; i < len(l.Holders) && len(out) < limit; i++ {
+		out = append(out, *l.Holders[i])
+	}
+	if i < len(l.Holders) && len(out) > 0 {
+		return out, out[len(out)-1].Token
+	}
+	return out, 0
+}
+
+// HolderOf returns client's grant of a lock, if it holds one.
+func (t *Table) HolderOf(name, client string) (Holder, bool) {
+	l, ok := t.locks[name]
+	if !ok {
+		return Holder{}, false
+	}
+	if i := l.holderOf(client); i >= 0 {
+		return *l.Holders[i], true
+	}
+	return Holder{}, false
 }
 
 // Get returns the state of one lock; a lock nobody holds, waits on or
@@ -308,23 +359,17 @@ func (t *Table) PrepareRestore(current *Table, minToken uint64) {
 // Stats counts what the table holds, for metrics.
 type Stats struct {
 	Locks, Held, Holders, Waiters, Sessions int
+	ValueBytes                              int64
 	LastToken                               uint64
 }
 
 // Size returns the number of locks and sessions without walking them.
 func (t *Table) Size() (locks, sessions int) { return len(t.locks), len(t.sessions) }
 
-// Stats returns the table's counts.
+// Stats returns the table's counts, kept as it changes: O(1).
 func (t *Table) Stats() Stats {
-	s := Stats{Locks: len(t.locks), Sessions: len(t.sessions), LastToken: t.lastToken}
-	for _, l := range t.locks {
-		if len(l.Holders) > 0 {
-			s.Held++
-		}
-		s.Holders += len(l.Holders)
-		s.Waiters += len(l.Waiters)
-	}
-	return s
+	return Stats{Locks: len(t.locks), Sessions: len(t.sessions), LastToken: t.lastToken,
+		Held: t.count.held, Holders: t.count.holders, Waiters: t.count.waiters, ValueBytes: t.count.valueBytes}
 }
 
 // ForEachHolder calls fn for every grant of every lock, in no particular
@@ -371,4 +416,22 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// recount sets the counts from the state (after Restore).
+func (t *Table) recount() {
+	t.count = counts{}
+	for _, l := range t.locks {
+		if len(l.Holders) > 0 {
+			t.count.held++
+		}
+		t.count.holders += len(l.Holders)
+		t.count.waiters += len(l.Waiters)
+		for _, h := range l.Holders {
+			t.count.valueBytes += int64(len(h.Value))
+		}
+		for _, w := range l.Waiters {
+			t.count.valueBytes += int64(len(w.Value))
+		}
+	}
 }

@@ -18,6 +18,12 @@ var DefaultQuotas = locktable.Quotas{
 	Locks:           2_000_000, // about 1.7 GiB of leader memory at ~850 MiB per million held locks
 	WaitersPerLock:  10_000,
 	LocksPerSession: 10_000,
+	// Grants held plus waits queued: a semaphore's holders each count, so
+	// a few semaphores cannot hold more than the locks quota allows.
+	Grants: 2_000_000,
+	// Values are up to 4 KiB each: without a byte bound, a million values
+	// would be 4 GiB on every member.
+	ValueBytes: 256 << 20,
 }
 
 // stampQuotas writes this leader's configured quotas into the commands
@@ -26,7 +32,7 @@ var DefaultQuotas = locktable.Quotas{
 // flags say (the leader's at the time of the proposal win).
 func (s *Server) stampQuotas(cmd *locktable.Command) {
 	switch cmd.Op {
-	case locktable.OpAcquire, locktable.OpCreateSession:
+	case locktable.OpAcquire, locktable.OpCreateSession, locktable.OpSetValue:
 		cmd.Quotas = s.cfg.Quotas
 	}
 }
@@ -41,6 +47,7 @@ func validateQuotas(q locktable.Quotas) error {
 		{locktable.QuotaSessions, q.Sessions}, {locktable.QuotaSessionsPerOwner, q.SessionsPerOwner},
 		{locktable.QuotaLocks, q.Locks}, {locktable.QuotaWaitersPerLock, q.WaitersPerLock},
 		{locktable.QuotaLocksPerSession, q.LocksPerSession}, {locktable.QuotaLocksPerOwner, q.LocksPerOwner},
+		{locktable.QuotaGrants, q.Grants}, {locktable.QuotaValueBytes, q.ValueBytes},
 	} {
 		if x.v < 0 {
 			errs = append(errs, fmt.Errorf("--%s %d: want 0 (no limit) or more", x.quota, x.v))
