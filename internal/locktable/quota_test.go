@@ -319,7 +319,7 @@ func (g *gen) quotas(t *rapid.T) lt.Quotas {
 	d := func(label string) int64 { return rapid.SampledFrom(pLimits).Draw(t, label) }
 	return lt.Quotas{Sessions: d("qSessions"), SessionsPerOwner: d("qSessionsPerOwner"), Locks: d("qLocks"),
 		WaitersPerLock: d("qWaitersPerLock"), LocksPerSession: d("qLocksPerSession"), LocksPerOwner: d("qLocksPerOwner"),
-		Grants: rapid.SampledFrom([]int64{0, 0, 2, 4, 6}).Draw(t, "qGrants"),
+		Grants:     rapid.SampledFrom([]int64{0, 0, 2, 4, 6}).Draw(t, "qGrants"),
 		ValueBytes: rapid.SampledFrom([]int64{0, 0, 2, 4, 8}).Draw(t, "qValueBytes")}
 }
 
