@@ -75,6 +75,7 @@ func run(args []string, stderr io.Writer) int {
 	fs.Int64Var(&q.LocksPerOwner, "max-locks-per-token", dq.LocksPerOwner, "quota: locks held plus waits queued by one auth token, by name (default 0: no limit; without --auth-file every caller is one identity)")
 	fs.Int64Var(&q.Grants, "max-grants", dq.Grants, "quota: grants held plus waits queued in the cluster, a semaphore's holders each counted (0: no limit)")
 	fs.Int64Var(&q.ValueBytes, "max-value-bytes", dq.ValueBytes, "quota: bytes of the values of every grant and wait in the cluster (0: no limit)")
+	fs.IntVar(&cfg.MaxWatches, "max-watches", server.DefaultMaxWatches, "WebSocket watches and parked blocking queries this member serves at once, every client together (0: no limit); over it a watch is 429 resource_exhausted")
 	fs.IntVar(&cfg.Conns.MaxConns, "max-conns", server.DefaultMaxConns, "client API connections open at once; over it a new connection is closed at once")
 	fs.IntVar(&cfg.Conns.MaxConnsPerIP, "max-conns-per-ip", server.DefaultMaxConnsPerIP, "client API connections open at once from one remote IP")
 	fs.DurationVar(&cfg.Conns.IdleTimeout, "idle-timeout", server.DefaultIdleTimeout, "close a client API keep-alive connection idle this long")

@@ -1,12 +1,15 @@
 package httpapi
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/locktable"
+	"github.com/lockd/lockd/internal/notify"
 )
 
 // holders is GET /api/v1/locks/{name}/holders?after=TOKEN&limit=N: every
@@ -64,4 +67,23 @@ func (h *Handler) holders(w http.ResponseWriter, r *http.Request) {
 func holderStatus(g locktable.Holder) api.HolderStatus {
 	return api.HolderStatus{ClientID: g.ClientID, FencingToken: g.Token, ExpiresAt: api.FormatTime(g.ExpiresAt),
 		Mode: g.Mode.String(), Value: g.Value}
+}
+
+// startWatch opens a client's watch (a WebSocket watch or a parked
+// blocking query) if the member has room for one more: watches are bounded
+// per member (--max-watches), not only per connection, since sixteen
+// connections of 1024 watches each cost what one connection may not.
+func (h *Handler) startWatch(open func() *notify.Watch) (*notify.Watch, error) {
+	if n := h.watches.Add(1); h.maxWatches > 0 && n > h.maxWatches {
+		h.watches.Add(-1)
+		return nil, &apiError{code: api.CodeResourceExhausted, retryAfter: time.Second,
+			msg: fmt.Sprintf("quota max-watches (%d) reached: this member serves that many watches and blocking queries; retry once some end", h.maxWatches)}
+	}
+	return open(), nil
+}
+
+// endWatch closes a watch startWatch opened.
+func (h *Handler) endWatch(w *notify.Watch) {
+	w.Close()
+	h.watches.Add(-1)
 }

@@ -60,11 +60,11 @@ type wsConn struct {
 const (
 	maxWatchesPerConn = 1024
 	watchBuffer       = 256
-	// watchBacklog: with this many frames queued for a client that does
+	// watchBacklog: with this many bytes queued for a client that does
 	// not read, watches stop adding to them (changes are dropped and the
 	// watcher is told to resync once the client has caught up), so a slow
 	// watcher costs bounded memory and never ends its connection.
-	defaultWatchBacklog = 1024
+	defaultWatchBacklog = 1 << 20
 )
 
 // watchBacklog is defaultWatchBacklog; tests lower it.
@@ -143,7 +143,7 @@ func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
 		wc.sub.Close()
 	}
 	for id, w := range wc.watches {
-		w.Close()
+		wc.h.endWatch(w)
 		delete(wc.watches, id)
 	}
 	wc.mu.Unlock()
@@ -1023,15 +1023,20 @@ func (wc *wsConn) watch(req api.WSRequest) error {
 		wc.mu.Unlock()
 		return &apiError{code: api.CodeResourceExhausted, msg: fmt.Sprintf("this connection has %d watches, the limit", maxWatchesPerConn)}
 	}
-	wc.nextWatch++
-	id := wc.nextWatch
 	// Watch before reading the initial state: a change committed meanwhile
 	// is in the buffer, and dropped below if the state read shows it.
+	var err error
 	if req.Prefix != nil {
-		w = wc.h.b.WatchPrefix(*req.Prefix, watchBuffer)
+		w, err = wc.h.startWatch(func() *notify.Watch { return wc.h.b.WatchPrefix(*req.Prefix, watchBuffer) })
 	} else {
-		w = wc.h.b.WatchLock(req.Lock, watchBuffer)
+		w, err = wc.h.startWatch(func() *notify.Watch { return wc.h.b.WatchLock(req.Lock, watchBuffer) })
 	}
+	if err != nil {
+		wc.mu.Unlock()
+		return err
+	}
+	wc.nextWatch++
+	id := wc.nextWatch
 	if wc.watches == nil {
 		wc.watches = map[uint64]*notify.Watch{}
 	}
@@ -1046,7 +1051,7 @@ func (wc *wsConn) watch(req api.WSRequest) error {
 		wc.mu.Lock()
 		delete(wc.watches, id)
 		wc.mu.Unlock()
-		w.Close()
+		wc.h.endWatch(w)
 		return err
 	}
 	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, WatchID: id})
@@ -1105,12 +1110,7 @@ func (wc *wsConn) forward(id uint64, w *notify.Watch, seen map[string]uint64) {
 			if !ok {
 				return
 			}
-			if behind || wc.w.backlog() >= watchBacklog {
-				// Dropped: the client re-reads after the resync, sent once it
-				// has read what is queued.
-				if !behind {
-					behind, caughtUp = true, wc.w.caughtUp()
-				}
+			if behind {
 				continue
 			}
 			name := ch.Status.Name
@@ -1120,9 +1120,14 @@ func (wc *wsConn) forward(id uint64, w *notify.Watch, seen map[string]uint64) {
 				}
 				delete(seen, name) // every later change is above it
 			}
-			st := statusOf(ch.Status)
-			if !wc.sendIfWatching(id, w, api.WSMessage{Type: api.TypeChanged, WatchID: id, Lock: name, Index: ch.Status.Index, Status: &st}) {
+			sent, watching := wc.sendChangeIfWatching(id, w, ch)
+			if !watching {
 				return
+			}
+			if !sent {
+				// Dropped: the client re-reads after the resync, sent once it
+				// has read what is queued.
+				behind, caughtUp = true, wc.w.caughtUp()
 			}
 		case <-w.Resync():
 			if !wc.sendIfWatching(id, w, api.WSMessage{Type: api.TypeResync, WatchID: id}) {
@@ -1140,7 +1145,7 @@ func (wc *wsConn) unwatch(req api.WSRequest) error {
 	if !ok {
 		return &apiError{code: api.CodeNotFound, msg: fmt.Sprintf("no watch %d on this connection", req.WatchID)}
 	}
-	w.Close()
+	wc.h.endWatch(w)
 	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, WatchID: req.WatchID})
 	return nil
 }

@@ -1,8 +1,10 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/internal/auth"
@@ -208,7 +210,7 @@ func (wc *wsConn) recheckWatches() {
 	}
 	wc.mu.Unlock()
 	for _, w := range ended {
-		w.Close()
+		wc.h.endWatch(w)
 	}
 }
 
@@ -224,3 +226,32 @@ func (wc *wsConn) sendIfWatching(id uint64, w *notify.Watch, m api.WSMessage) bo
 	wc.send(m)
 	return true
 }
+
+// sendChangeIfWatching sends a watch's changed frame unless the watch
+// ended (watching false) or the connection's queue holds watchBacklog
+// bytes already (sent false: the watcher must resync). The frame's status
+// is the change's one encoding, shared by every watcher it reaches.
+func (wc *wsConn) sendChangeIfWatching(id uint64, w *notify.Watch, ch *notify.Change) (sent, watching bool) {
+	status := ch.Encoded(encodeStatus)
+	name, _ := json.Marshal(ch.Status.Name)
+	head := fmt.Appendf(nil, `{"type":%q,"watch_id":%d,"lock":%s,"index":%d,"status":`, api.TypeChanged, id, name, ch.Status.Index)
+	wc.mu.Lock()
+	defer wc.mu.Unlock()
+	if wc.watches[id] != w {
+		return false, false
+	}
+	return wc.w.sendParts(watchBacklog, head, status, closeBrace), true
+}
+
+var closeBrace = []byte("}")
+
+// encodeStatus is a change's status as the API shows it, encoded once.
+func encodeStatus(ch *notify.Change) []byte {
+	statusEncodings.Add(1)
+	b, _ := json.Marshal(statusOf(ch.Status))
+	return b
+}
+
+// statusEncodings counts encodeStatus calls, so a test can tell one
+// encoding shared by every reader from one per reader.
+var statusEncodings atomic.Int64

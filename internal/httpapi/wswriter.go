@@ -23,15 +23,21 @@ import (
 // when uncorked.
 
 // wsFrame is one queued frame, or (flushed set) a marker closed once
-// everything queued before it has been written.
+// everything queued before it has been written. A frame is written as its
+// parts in order: a watch frame's status is shared by every connection
+// that sends it (notify.Change.Encoded), and only its small head is the
+// connection's own.
 type wsFrame struct {
-	b       []byte
+	parts   [][]byte
+	size    int
 	flushed chan struct{}
 }
 
-// maxQueuedFrames bounds what waits for a client that does not read: past
-// it the connection is closed rather than let memory grow.
-const maxQueuedFrames = 8192
+// maxQueuedBytes bounds what waits for a client that does not read: past
+// it the connection is closed rather than let memory grow. Replies alone
+// stay far below it (at most maxInflight requests in flight, each a small
+// reply); watch frames stop adding to the queue at watchQueueBytes.
+const maxQueuedBytes = 32 << 20
 
 // writeTimeout bounds one coalesced write to a client.
 const writeTimeout = 10 * time.Second
@@ -42,6 +48,7 @@ type wsWriter struct {
 
 	mu      sync.Mutex
 	q       []wsFrame
+	queued  int // bytes of the frames in q and being written
 	closed  bool
 	signal  chan struct{}
 	done    chan struct{}
@@ -60,11 +67,11 @@ func (w *wsWriter) caughtUp() <-chan struct{} {
 	return w.drained
 }
 
-// backlog is the number of frames queued and not yet being written.
+// backlog is the number of bytes queued or being written.
 func (w *wsWriter) backlog() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.q)
+	return w.queued
 }
 
 func newWSWriter(c *websocket.Conn, cork *corkConn, onError func()) *wsWriter {
@@ -76,18 +83,29 @@ func newWSWriter(c *websocket.Conn, cork *corkConn, onError func()) *wsWriter {
 
 // send queues one frame; it never blocks. It reports false when the frame
 // was dropped (writer closed, or the client stopped reading).
-func (w *wsWriter) send(b []byte) bool {
+func (w *wsWriter) send(b []byte) bool { return w.sendParts(0, b) }
+
+// sendParts queues one frame made of parts. With limit > 0 the frame is
+// not queued when limit bytes or more already wait (a watch frame: its
+// watcher resyncs instead), and false is returned; past maxQueuedBytes the
+// connection is closed.
+func (w *wsWriter) sendParts(limit int, parts ...[]byte) bool {
+	size := 0
+	for _, p := range parts {
+		size += len(p)
+	}
 	w.mu.Lock()
-	if w.closed {
+	if w.closed || (limit > 0 && w.queued >= limit) {
 		w.mu.Unlock()
 		return false
 	}
-	if len(w.q) >= maxQueuedFrames {
+	if w.queued+size > maxQueuedBytes {
 		w.mu.Unlock()
 		w.onError()
 		return false
 	}
-	w.q = append(w.q, wsFrame{b: b})
+	w.q = append(w.q, wsFrame{parts: parts, size: size})
+	w.queued += size
 	w.mu.Unlock()
 	w.wake()
 	return true
@@ -147,6 +165,11 @@ func (w *wsWriter) run() {
 				w.onError()
 			}
 		}
+		w.mu.Lock()
+		for _, f := range batch {
+			w.queued -= f.size
+		}
+		w.mu.Unlock()
 		for _, f := range batch {
 			if f.flushed != nil {
 				close(f.flushed)
@@ -171,10 +194,10 @@ func (w *wsWriter) write(batch []wsFrame) error {
 		w.cork.corkOn()
 	}
 	for _, f := range batch {
-		if f.b == nil {
+		if f.parts == nil {
 			continue
 		}
-		if err := w.c.Write(ctx, websocket.MessageText, f.b); err != nil {
+		if err := writeParts(ctx, w.c, f.parts); err != nil {
 			if w.cork != nil {
 				w.cork.corkOff()
 			}
@@ -185,6 +208,24 @@ func (w *wsWriter) write(batch []wsFrame) error {
 		return w.cork.corkOff()
 	}
 	return nil
+}
+
+// writeParts writes one text message made of parts.
+func writeParts(ctx context.Context, c *websocket.Conn, parts [][]byte) error {
+	if len(parts) == 1 {
+		return c.Write(ctx, websocket.MessageText, parts[0])
+	}
+	wr, err := c.Writer(ctx, websocket.MessageText)
+	if err != nil {
+		return err
+	}
+	for _, p := range parts {
+		if _, err := wr.Write(p); err != nil {
+			wr.Close()
+			return err
+		}
+	}
+	return wr.Close()
 }
 
 // corkConn holds back writes while corked and sends them in one write.

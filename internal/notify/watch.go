@@ -34,10 +34,22 @@ func NewWatches(onCount func(watching bool)) *Watches {
 }
 
 // Change is one committed change of a lock's status: the status right
-// after the entry at Index applied.
+// after the entry at Index applied. Every watcher and parked query it
+// reaches shares it (read only), and its encoding: Encoded makes it once.
 type Change struct {
 	Index  uint64
 	Status locktable.LockInfo
+
+	once sync.Once
+	enc  []byte
+}
+
+// Encoded returns enc(c), computed once however many readers ask: one
+// change fanned out to thousands of watchers is encoded once, not once per
+// watcher (a status with 64 holders of 4 KiB values is 256 KiB).
+func (c *Change) Encoded(enc func(*Change) []byte) []byte {
+	c.once.Do(func() { c.enc = enc(c) })
+	return c.enc
 }
 
 // Watch is one watcher. Its changes arrive on C in log order; Resync

@@ -115,6 +115,11 @@ type Config struct {
 	// commits (SPEC 15); zero fields take admission's defaults.
 	Admission admission.Config
 
+	// MaxWatches bounds the WebSocket watches and parked blocking queries
+	// of every client of this member together (0: no limit; lockd's flag
+	// defaults to DefaultMaxWatches).
+	MaxWatches int
+
 	// RaftDialOverrides maps a peer's Raft address (as in the configuration)
 	// to the address this member actually dials: address translation, and
 	// the hook fault-injection tests use to put a proxy on each link.

@@ -26,6 +26,11 @@ var DefaultQuotas = locktable.Quotas{
 	ValueBytes: 256 << 20,
 }
 
+// DefaultMaxWatches is --max-watches: a watch costs a few KiB while idle
+// (its buffer of 256 changes is pointers), so this bounds watchers to a
+// few hundred MiB of a member however many connections open them.
+const DefaultMaxWatches = 65536
+
 // stampQuotas writes this leader's configured quotas into the commands
 // that Apply checks them on, as Propose stamps the time: Apply reads no
 // configuration, so every member decides a command alike whatever its own
