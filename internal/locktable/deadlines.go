@@ -3,9 +3,8 @@ package locktable
 import (
 	"cmp"
 	"fmt"
+	"slices"
 	"strings"
-
-	"github.com/google/btree"
 )
 
 // deadlines keeps every replicated deadline of the table in time order:
@@ -17,23 +16,22 @@ import (
 // the index until the command that ends it commits.
 //
 // It is derived state: never encoded, rebuilt by Restore, and read only by
-// the leader's timers; no Apply decision depends on it.
-//
-// Why a B-tree: the leader reads the earliest items and ranges from a
-// point; Apply inserts and deletes at any point. A heap has no ordered
-// range; a sorted slice moves up to a million entries per insert.
+// the leader's timers; no Apply decision depends on it. Each item carries
+// its key, so comparing two reads no holder, lock or session.
 type deadlines struct {
-	grants   *btree.BTreeG[grantItem] // holders with a TTL, by (ExpiresAt, Token)
-	waits    *btree.BTreeG[waitItem]  // waiters (one item per queue copy), by (Deadline, lock, client)
-	delays   *btree.BTreeG[*Lock]     // locks with a lock-delay, by (DelayedUntil, Name)
-	sessions *btree.BTreeG[*Session]  // sessions, by (TTLms, ID)
+	grants   sorted[grantItem]   // holders with a TTL, by (ExpiresAt, Token)
+	waits    sorted[waitItem]    // waiters (one item per queue copy), by (Deadline, lock, client)
+	delays   sorted[delayItem]   // locks with a lock-delay, by (DelayedUntil, Name)
+	sessions sorted[sessionItem] // sessions, by (TTLms, ID)
 }
 
 // grantItem is a holder with a TTL and its lock (a holder does not know its
 // lock's name).
 type grantItem struct {
-	h *Holder
-	l *Lock
+	at  int64 // the holder's ExpiresAt
+	tok uint64
+	h   *Holder
+	l   *Lock
 }
 
 // waitItem is one queued copy of a wait. Waiters are values that move in
@@ -44,27 +42,48 @@ type waitItem struct {
 	client   string
 }
 
-const deadlineDegree = 32
+type delayItem struct {
+	until int64
+	l     *Lock
+}
+
+type sessionItem struct {
+	ttl int64
+	s   *Session
+}
+
+// deadlineChunk: items are 24-32 bytes, so a chunk is a few KiB and an
+// insert moves at most that.
+const deadlineChunk = 128
 
 func newDeadlines() deadlines {
 	return deadlines{
-		grants: btree.NewG(deadlineDegree, func(a, b grantItem) bool {
-			return a.h.ExpiresAt < b.h.ExpiresAt || (a.h.ExpiresAt == b.h.ExpiresAt && a.h.Token < b.h.Token)
+		grants: newSorted(deadlineChunk, func(a, b grantItem) int {
+			if c := cmp.Compare(a.at, b.at); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.tok, b.tok)
 		}),
-		waits: btree.NewG(deadlineDegree, func(a, b waitItem) bool {
-			if a.deadline != b.deadline {
-				return a.deadline < b.deadline
+		waits: newSorted(deadlineChunk, func(a, b waitItem) int {
+			if c := cmp.Compare(a.deadline, b.deadline); c != 0 {
+				return c
 			}
 			if c := strings.Compare(a.l.Name, b.l.Name); c != 0 {
-				return c < 0
+				return c
 			}
-			return a.client < b.client
+			return strings.Compare(a.client, b.client)
 		}),
-		delays: btree.NewG(deadlineDegree, func(a, b *Lock) bool {
-			return a.DelayedUntil < b.DelayedUntil || (a.DelayedUntil == b.DelayedUntil && a.Name < b.Name)
+		delays: newSorted(deadlineChunk, func(a, b delayItem) int {
+			if c := cmp.Compare(a.until, b.until); c != 0 {
+				return c
+			}
+			return strings.Compare(a.l.Name, b.l.Name)
 		}),
-		sessions: btree.NewG(deadlineDegree, func(a, b *Session) bool {
-			return a.TTLms < b.TTLms || (a.TTLms == b.TTLms && a.ID < b.ID)
+		sessions: newSorted(deadlineChunk, func(a, b sessionItem) int {
+			if c := cmp.Compare(a.ttl, b.ttl); c != 0 {
+				return c
+			}
+			return strings.Compare(a.s.ID, b.s.ID)
 		}),
 	}
 }
@@ -76,13 +95,13 @@ func newDeadlines() deadlines {
 
 func (d *deadlines) addGrant(l *Lock, h *Holder) {
 	if h.ExpiresAt != 0 {
-		d.grants.ReplaceOrInsert(grantItem{h, l})
+		d.grants.insert(grantItem{h.ExpiresAt, h.Token, h, l})
 	}
 }
 
 func (d *deadlines) removeGrant(h *Holder) {
 	if h.ExpiresAt != 0 {
-		d.grants.Delete(grantItem{h: h})
+		d.grants.remove(grantItem{at: h.ExpiresAt, tok: h.Token})
 	}
 }
 
@@ -97,11 +116,11 @@ func (d *deadlines) setExpiry(l *Lock, h *Holder, at int64) {
 }
 
 func (d *deadlines) addWait(l *Lock, w *Waiter) {
-	d.waits.ReplaceOrInsert(waitItem{w.Deadline, l, w.ClientID})
+	d.waits.insert(waitItem{w.Deadline, l, w.ClientID})
 }
 
 func (d *deadlines) removeWait(l *Lock, w *Waiter) {
-	d.waits.Delete(waitItem{w.Deadline, l, w.ClientID})
+	d.waits.remove(waitItem{w.Deadline, l, w.ClientID})
 }
 
 // setWaitDeadline changes a waiter's deadline and its place in the index.
@@ -121,34 +140,50 @@ func (d *deadlines) setDelay(l *Lock, until int64) {
 		return
 	}
 	if l.DelayedUntil != 0 {
-		d.delays.Delete(l)
+		d.delays.remove(delayItem{l.DelayedUntil, l})
 	}
 	l.DelayedUntil = until
 	if until != 0 {
-		d.delays.ReplaceOrInsert(l)
+		d.delays.insert(delayItem{until, l})
 	}
 }
 
-func (d *deadlines) addSession(s *Session)    { d.sessions.ReplaceOrInsert(s) }
-func (d *deadlines) removeSession(s *Session) { d.sessions.Delete(s) }
+func (d *deadlines) addSession(s *Session)    { d.sessions.insert(sessionItem{s.TTLms, s}) }
+func (d *deadlines) removeSession(s *Session) { d.sessions.remove(sessionItem{s.TTLms, s}) }
 
-// rebuild indexes every deadline of t (after Restore).
+// rebuild indexes every deadline of t (after Restore): each index is
+// sorted in one go and cut into full chunks.
 func (d *deadlines) rebuild(t *Table) {
 	*d = newDeadlines()
+	st := t.Stats()
+	grants := make([]grantItem, 0, st.Holders)
+	waits := make([]waitItem, 0, st.Waiters)
+	var delays []delayItem
 	for _, l := range t.locks {
 		for _, h := range l.Holders {
-			d.addGrant(l, h)
+			if h.ExpiresAt != 0 {
+				grants = append(grants, grantItem{h.ExpiresAt, h.Token, h, l})
+			}
 		}
 		for i := range l.Waiters {
-			d.addWait(l, &l.Waiters[i])
+			waits = append(waits, waitItem{l.Waiters[i].Deadline, l, l.Waiters[i].ClientID})
 		}
 		if l.DelayedUntil != 0 {
-			d.delays.ReplaceOrInsert(l)
+			delays = append(delays, delayItem{l.DelayedUntil, l})
 		}
 	}
+	sessions := make([]sessionItem, 0, len(t.sessions))
 	for _, s := range t.sessions {
-		d.addSession(s)
+		sessions = append(sessions, sessionItem{s.TTLms, s})
 	}
+	slices.SortFunc(grants, d.grants.cmp)
+	slices.SortFunc(waits, d.waits.cmp)
+	slices.SortFunc(delays, d.delays.cmp)
+	slices.SortFunc(sessions, d.sessions.cmp)
+	d.grants.load(grants)
+	d.waits.load(waits)
+	d.delays.load(delays)
+	d.sessions.load(sessions)
 }
 
 // DueGrant is a holder whose expiry the leader's timers watch.
@@ -189,15 +224,15 @@ func (k SessionKey) Compare(o SessionKey) int {
 // GrantsByExpiry calls fn for the holders with a TTL in expiry order (ties
 // by token), until fn returns false.
 func (t *Table) GrantsByExpiry(fn func(DueGrant) bool) {
-	t.dl.grants.Ascend(func(it grantItem) bool {
-		return fn(DueGrant{Lock: it.l.Name, Token: it.h.Token, ExpiresAt: it.h.ExpiresAt})
+	t.dl.grants.ascend(0, 0, func(it grantItem) bool {
+		return fn(DueGrant{Lock: it.l.Name, Token: it.tok, ExpiresAt: it.at})
 	})
 }
 
 // WaitsByDeadline calls fn for every queued copy of every wait in deadline
 // order, until fn returns false.
 func (t *Table) WaitsByDeadline(fn func(DueWait) bool) {
-	t.dl.waits.Ascend(func(it waitItem) bool {
+	t.dl.waits.ascend(0, 0, func(it waitItem) bool {
 		return fn(DueWait{Lock: it.l.Name, ClientID: it.client, Deadline: it.deadline})
 	})
 }
@@ -205,21 +240,16 @@ func (t *Table) WaitsByDeadline(fn func(DueWait) bool) {
 // DelaysByEnd calls fn for every running lock-delay in order of its end,
 // until fn returns false.
 func (t *Table) DelaysByEnd(fn func(DueDelay) bool) {
-	t.dl.delays.Ascend(func(l *Lock) bool {
-		return fn(DueDelay{Lock: l.Name, Until: l.DelayedUntil})
+	t.dl.delays.ascend(0, 0, func(it delayItem) bool {
+		return fn(DueDelay{Lock: it.l.Name, Until: it.until})
 	})
 }
 
 // SessionsByTTL calls fn for every session after the key `after` in TTL
 // order (ties by id), until fn returns false.
 func (t *Table) SessionsByTTL(after SessionKey, fn func(Session) bool) {
-	pivot := &Session{TTLms: after.TTLms, ID: after.ID}
-	t.dl.sessions.AscendGreaterOrEqual(pivot, func(s *Session) bool {
-		if s.TTLms == after.TTLms && s.ID == after.ID {
-			return true // strictly after
-		}
-		return fn(s.copy())
-	})
+	ci, i := t.dl.sessions.seek(sessionItem{after.TTLms, &Session{ID: after.ID}}, true)
+	t.dl.sessions.ascend(ci, i, func(it sessionItem) bool { return fn(it.s.copy()) })
 }
 
 // checkDeadlines reports how the index differs from the state, for the
@@ -232,20 +262,20 @@ func (t *Table) checkDeadlines() error {
 				continue
 			}
 			grants++
-			if _, ok := t.dl.grants.Get(grantItem{h: h}); !ok {
+			if got, ok := t.dl.grants.get(grantItem{at: h.ExpiresAt, tok: h.Token}); !ok || got.h != h || got.l != l {
 				return fmt.Errorf("lock %s: grant %d (expires %d) missing from the deadline index", l.Name, h.Token, h.ExpiresAt)
 			}
 		}
 		for i := range l.Waiters {
 			w := &l.Waiters[i]
 			waits++
-			if _, ok := t.dl.waits.Get(waitItem{w.Deadline, l, w.ClientID}); !ok {
+			if _, ok := t.dl.waits.get(waitItem{w.Deadline, l, w.ClientID}); !ok {
 				return fmt.Errorf("lock %s: wait of %q (deadline %d) missing from the deadline index", l.Name, w.ClientID, w.Deadline)
 			}
 		}
 		if l.DelayedUntil != 0 {
 			delays++
-			if got, ok := t.dl.delays.Get(l); !ok || got != l {
+			if got, ok := t.dl.delays.get(delayItem{l.DelayedUntil, l}); !ok || got.l != l {
 				return fmt.Errorf("lock %s: delay until %d missing from the deadline index", l.Name, l.DelayedUntil)
 			}
 		}
@@ -255,7 +285,7 @@ func (t *Table) checkDeadlines() error {
 			t.dl.grants.Len(), t.dl.waits.Len(), t.dl.delays.Len(), grants, waits, delays)
 	}
 	for _, s := range t.sessions {
-		if got, ok := t.dl.sessions.Get(s); !ok || got != s {
+		if got, ok := t.dl.sessions.get(sessionItem{s.TTLms, s}); !ok || got.s != s {
 			return fmt.Errorf("session %s missing from the deadline index", s.ID)
 		}
 	}
@@ -264,7 +294,7 @@ func (t *Table) checkDeadlines() error {
 	}
 	// Every grant item points at a holder that is in its lock.
 	var bad error
-	t.dl.grants.Ascend(func(it grantItem) bool {
+	t.dl.grants.ascend(0, 0, func(it grantItem) bool {
 		if l, ok := t.locks[it.l.Name]; !ok || l != it.l || l.holderOf(it.h.ClientID) < 0 || l.Holders[l.holderOf(it.h.ClientID)] != it.h {
 			bad = fmt.Errorf("deadline index holds grant %d of %s, which the lock does not", it.h.Token, it.l.Name)
 			return false

@@ -1,7 +1,9 @@
 package locktable
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"unicode"
 	"unicode/utf8"
 )
@@ -33,7 +35,14 @@ func (t *Table) checkInvariants() error {
 			return fmt.Errorf("session %s has TTL %d ms", id, s.TTLms)
 		}
 	}
-	tokens := make(map[uint64]string, len(t.locks))
+	// Tokens are checked for repeats by sorting them, not through a map:
+	// this runs on every snapshot a member restores, and a million map
+	// inserts cost more than the sort.
+	type held struct {
+		token uint64
+		lock  string
+	}
+	tokens := make([]held, 0, len(t.locks))
 	multi := map[string][]string{} // "client\x00first lock" -> the locks whose queues hold it
 	for name, l := range t.locks {
 		if err := checkLockName(name); err != nil {
@@ -58,10 +67,7 @@ func (t *Table) checkInvariants() error {
 				return err
 			}
 			prev = h.Token
-			if other, dup := tokens[h.Token]; dup {
-				return fmt.Errorf("token %d held on both %s and %s", h.Token, other, name)
-			}
-			tokens[h.Token] = name
+			tokens = append(tokens, held{h.Token, name})
 			if clients[h.ClientID] {
 				return fmt.Errorf("lock %s: client %q holds it twice", name, h.ClientID)
 			}
@@ -94,6 +100,12 @@ func (t *Table) checkInvariants() error {
 				k := w.ClientID + "\x00" + w.Locks[0]
 				multi[k] = append(multi[k], name)
 			}
+		}
+	}
+	slices.SortFunc(tokens, func(a, b held) int { return cmp.Compare(a.token, b.token) })
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i].token == tokens[i-1].token {
+			return fmt.Errorf("token %d held on both %s and %s", tokens[i].token, tokens[i-1].lock, tokens[i].lock)
 		}
 	}
 	// Every multi-lock waiter sits in the queue of each of its locks.

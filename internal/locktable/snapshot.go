@@ -244,7 +244,7 @@ func Restore(b []byte) (*Table, error) {
 	if err := t.checkInvariants(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
-	t.dl.rebuild(t)
 	t.recount()
+	t.dl.rebuild(t)
 	return t, nil
 }

@@ -205,6 +205,7 @@ func New() *Table {
 		members:  map[string]Member{},
 		memoIdx:  map[memoKey]string{},
 		usage:    map[string]*usage{},
+		names:    newNameIndex(),
 		dl:       newDeadlines(),
 	}
 }
