@@ -319,6 +319,13 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("raftnode: %w", err)
 	}
 
+	// Closed first, before the stores: hashicorp/raft answers a heartbeat
+	// on the transport's goroutine, which checks for shutdown and then
+	// writes the term; one arriving during a shutdown wrote to a closed
+	// store, and raft panics on that ("failed to save current term").
+	guard := &stableGuard{StableStore: stable}
+	stable = guard
+	n.closers = append(n.closers, guard)
 	hasState, err := raft.HasExistingState(logs, stable, snaps)
 	if err != nil {
 		return nil, fmt.Errorf("raftnode: inspect data dir: %w", err)
