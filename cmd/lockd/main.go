@@ -9,8 +9,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -84,6 +87,7 @@ func run(args []string, stderr io.Writer) int {
 	fs.IntVar(&cfg.Admission.MinLimit, "admission-min", 256, "admission control: proposals that may always be outstanding, whatever the measured rate")
 	fs.IntVar(&cfg.Admission.MaxLimit, "admission-max", 8192, "admission control: proposals that may never be exceeded by new work, whatever the measured rate (releases and renewals may use 4 times the limit)")
 	fs.Int64Var(&cfg.MaxRestoreBytes, "max-restore-bytes", 256<<20, "largest backup a restore accepts (413 beyond); below 2 GiB, the largest snapshot a member reads")
+	memoryLimit := fs.String("memory-limit", "", "soft limit of the Go heap (GOMEMLIMIT), e.g. 512MiB or 2GiB: the garbage collector works harder as the heap nears it, so resident memory follows the live state instead of twice it (empty: the GOMEMLIMIT environment variable, else none)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: lockd [flags]\n\nRuns one lockd member. Every flag can also be set in the environment as\nLOCKD_<FLAG> (upper case, '-' as '_'), e.g. LOCKD_DATA_DIR. With neither\n--initial-cluster nor --join, a new data dir bootstraps a one-member cluster.\nA restart on an existing data dir ignores both and rejoins with its state.\nSIGTERM stops gracefully (leadership is handed over first).\nQuotas (--max-*) are checked by the leader's values at the time of each\nrequest; over one, a request gets 429 resource_exhausted naming it.\n\nFlags:\n")
@@ -109,6 +113,14 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	cfg.Logger = logger
+	if *memoryLimit != "" {
+		n, err := parseBytes(*memoryLimit)
+		if err != nil {
+			fmt.Fprintln(stderr, "lockd: --memory-limit:", err)
+			return 2
+		}
+		debug.SetMemoryLimit(n)
+	}
 	if apiTLS.Cert != "" || apiTLS.Key != "" || apiTLS.CA != "" {
 		cfg.TLS = apiTLS
 	}
@@ -218,4 +230,25 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// parseBytes reads a size in bytes, with an optional unit: B, KiB, MiB,
+// GiB (or KB, MB, GB as powers of 1000).
+func parseBytes(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	num, mult := strings.TrimSpace(s), int64(1)
+	for _, u := range units {
+		if rest, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, mult = strings.TrimSpace(rest), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 || n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("%q is not a size: want a positive number of bytes, e.g. 512MiB or 2GiB", s)
+	}
+	return n * mult, nil
 }

@@ -89,3 +89,20 @@ func TestAllowedHostsFromTheEnvironment(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, stderr.String())
 	}
 }
+
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int64{"512MiB": 512 << 20, "2GiB": 2 << 30, "1000": 1000, "3 KB": 3000, "64KiB": 64 << 10, "7B": 7} {
+		if got, err := parseBytes(in); err != nil || got != want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "-1MiB", "0", "lots", "1TiB", "99999999999GiB"} {
+		if _, err := parseBytes(bad); err == nil {
+			t.Errorf("parseBytes(%q) accepted", bad)
+		}
+	}
+	var stderr bytes.Buffer
+	if code := run([]string{"--memory-limit", "lots"}, &stderr); code != 2 || !strings.Contains(stderr.String(), "--memory-limit") {
+		t.Fatalf("--memory-limit lots: exit %d, %q", code, stderr.String())
+	}
+}
