@@ -676,6 +676,11 @@ func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
 			code = m.Error.Code
 		}
 		switch code {
+		case api.CodeWaitTimeout:
+			// The end of a wait answers every request that joined it: this
+			// is one the client re-sent under a newer id (an adopted wait),
+			// whose own answer comes with that id.
+			c.log.Debug("lockd: the end of a wait answered an earlier request of it", "code", code, "id", m.ID)
 		case api.CodeSessionExpired:
 			c.sessionLostLocked(c.sess, fmt.Errorf("%w: the server ended the session", ErrSessionExpired), false)
 		case api.CodeNotLeader, api.CodeNoLeader:

@@ -42,6 +42,10 @@ type wsConn struct {
 	ttl      int64
 	sub      *notify.Sub
 	pending  map[string][]*pendingAcquire // lock (or multiKey) -> acquires waiting for their answer, in the order sent
+	// waits: lock (or multiKey) -> every deadline the session's current
+	// wait there has had, in log order (its EvQueued events: the acquire
+	// that queued it and each retry that joined it). Kept by the push loop.
+	waits    map[string][]int64
 	lanes    map[string][]*laneItem       // lock -> requests waiting for that lock's lane
 	subReady chan struct{}
 	id       auth.Identity // the connection's token as it was at the upgrade: its name owns the session
@@ -75,19 +79,36 @@ var watchBacklog = defaultWatchBacklog
 const maxInflight = 1024
 
 // pendingAcquire is an acquire sent on this connection and not yet
-// answered. deadline is its wait's deadline once the queued command has
-// committed (0 before): a wait that ended is matched by it, so the end of an
-// earlier wait of this client on the same lock (a retry re-queued after it)
-// is never taken for the answer to this one.
+// answered. deadline is the deadline its queued command gave the wait once
+// that command has committed (0 before).
+//
+// The state machine keeps one wait per client and lock: an acquire sent
+// while an earlier one waits joins that wait (it keeps its place) and moves
+// its deadline to its own. Every acquire that joined a wait is answered by
+// the wait's one outcome — the grant, the timeout at the last deadline it
+// was given, the session's end — once each. Which acquires joined it is
+// told by the log: the push loop records each deadline the wait was given
+// (wsConn.waits), and the end of the wait answers the pending acquires
+// whose deadline is among them. So an acquire that queued a new wait after
+// an earlier one ended (a retry racing the timeout) is never answered by
+// the end of the earlier one, which would tell a client "timed out" about a
+// wait the log then grants.
 type pendingAcquire struct {
 	id       uint64
 	deadline int64
 	// grants collects a multi-acquire's grants: they commit in one step,
 	// one event per lock, and are answered in one reply.
 	grants map[string]locktable.Grant
-	// ended holds the deadlines of waits that ended before this acquire's
-	// own deadline was known; queued settles them.
-	ended []int64
+	// ended holds the waits that ended before this acquire's own deadline
+	// was known; queued settles them.
+	ended []endedWait
+}
+
+// endedWait is a wait that ended without a grant: every deadline it had,
+// and why it ended.
+type endedWait struct {
+	deadlines []int64
+	reason    string
 }
 
 func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
@@ -104,7 +125,7 @@ func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
 	}
 	c.SetReadLimit(api.MaxBodyBytes + 1) // readFrame answers a frame over MaxBodyBytes before this limit closes the connection
 	ctx, cancel := context.WithCancel(r.Context())
-	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string][]*pendingAcquire{},
+	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string][]*pendingAcquire{}, waits: map[string][]int64{},
 		lanes: map[string][]*laneItem{}, subReady: make(chan struct{}), id: id,
 		inflight: make(chan struct{}, maxInflight)}
 	if h.auth != nil {
@@ -462,6 +483,9 @@ func (wc *wsConn) hello(req api.WSRequest) error {
 		}
 		id = nid
 	}
+	// The session's queued acquires tell which requests joined one wait
+	// (see pendingAcquire); none was sent through it on this connection yet.
+	sub.TellQueued(id)
 	wc.mu.Lock()
 	wc.session, wc.client, wc.ttl, wc.sub = id, req.ClientID, ttl, sub
 	wc.mu.Unlock()
@@ -680,23 +704,47 @@ func (wc *wsConn) unpend(lock string, p *pendingAcquire) bool {
 
 // queued records the deadline of a committed wait, then settles the race
 // with its end: if the wait already ended (its event went by while the
-// deadline was unknown) and no grant took its place, the answer is
-// wait_timeout. Events arrive in log order from the apply loop, so the end
-// of this wait is either among those already seen or still to come.
-func (wc *wsConn) queued(lock string, p *pendingAcquire, res locktable.Result) {
+// deadline was unknown) and no grant took its place, it is answered as that
+// end says. Events arrive in log order from the apply loop, so the end of
+// this wait is either among those already seen or still to come.
+func (wc *wsConn) queued(key string, p *pendingAcquire, res locktable.Result) {
 	deadline := queuedDeadline(res, wc.client)
 	wc.mu.Lock()
-	if !slices.Contains(wc.pending[lock], p) {
+	if !slices.Contains(wc.pending[key], p) {
 		wc.mu.Unlock()
 		return // already answered (granted)
 	}
 	p.deadline = deadline
-	answer := slices.Contains(p.ended, deadline)
-	wc.mu.Unlock()
-	if answer && wc.unpend(lock, p) {
-		wc.send(api.WSMessage{ID: p.id, Type: api.TypeError, Lock: lock,
-			Error: &api.Error{Code: api.CodeWaitTimeout, Message: "timed out waiting for lock " + lock}})
+	var end *endedWait
+	for i := range p.ended {
+		if slices.Contains(p.ended[i].deadlines, deadline) {
+			end = &p.ended[i]
+			break
+		}
 	}
+	p.ended = nil
+	wc.mu.Unlock()
+	if end != nil && wc.unpend(key, p) {
+		wc.send(waitEndedReply(p.id, key, end.reason))
+	}
+}
+
+// waitEndedReply answers acquire id, pending under key (a lock or a
+// multiKey), whose wait ended ungranted for reason.
+func waitEndedReply(id uint64, key, reason string) api.WSMessage {
+	names := strings.Split(key, "\x00")
+	what := "lock " + names[0]
+	if len(names) > 1 {
+		what = "locks " + strings.Join(names, ", ")
+	}
+	code, msg := api.CodeWaitTimeout, "timed out waiting for "+what
+	switch reason {
+	case locktable.ReasonSessionExpired:
+		code, msg = api.CodeSessionExpired, "the session ended while waiting for "+what
+	case locktable.ReasonCancelled:
+		code, msg = api.CodeCancelled, "the wait for "+what+" was withdrawn (cancel)"
+	}
+	return api.WSMessage{ID: id, Type: api.TypeError, Lock: names[0], Error: &api.Error{Code: code, Message: msg}}
 }
 
 func (wc *wsConn) release(req api.WSRequest) error {
@@ -893,6 +941,25 @@ func (wc *wsConn) pushLoop() {
 
 func (wc *wsConn) push(ev locktable.Event) {
 	switch ev.Kind {
+	case locktable.EvQueued:
+		// A wait was queued, or joined by a retry that gave it its own
+		// deadline: remember it as one of the wait's (see pendingAcquire).
+		// A multi-acquire's step has one event per lock; count it once.
+		key := ev.Lock
+		if len(ev.Locks) > 0 {
+			if ev.Lock != ev.Locks[0] {
+				return
+			}
+			key = multiKey(ev.Locks)
+		}
+		wc.mu.Lock()
+		// A try while queued gives no new deadline: the chain grows only
+		// with retries that moved it, each of which has its own pending
+		// acquire.
+		if ds := wc.waits[key]; len(ds) == 0 || ds[len(ds)-1] != ev.Deadline {
+			wc.waits[key] = append(ds, ev.Deadline)
+		}
+		wc.mu.Unlock()
 	case locktable.EvGranted:
 		if len(ev.Locks) > 0 {
 			wc.pushMulti(ev)
@@ -903,6 +970,7 @@ func (wc *wsConn) push(ev locktable.Event) {
 		wc.mu.Lock()
 		ps := wc.pending[ev.Lock]
 		delete(wc.pending, ev.Lock)
+		delete(wc.waits, ev.Lock)
 		wc.mu.Unlock()
 		if len(ps) == 0 {
 			return // nobody on this connection asked (a re-grant already answered)
@@ -922,21 +990,25 @@ func (wc *wsConn) push(ev locktable.Event) {
 		}
 		wc.send(api.WSMessage{Type: api.TypeLost, Lock: ev.Lock, FencingToken: ev.Token, Reason: reason})
 	case locktable.EvWaitEnded:
-		// Only the end of an acquire's own wait answers it; see
-		// pendingAcquire.
-		key, what := ev.Lock, "lock "+ev.Lock
+		// The end of a wait answers every acquire that joined it, and only
+		// those; see pendingAcquire. (A multi-acquire's step has one event
+		// per lock: the first takes the wait's deadlines, the others find
+		// only their own, which answer nobody new.)
+		key := ev.Lock
 		if len(ev.Locks) > 0 {
-			key, what = multiKey(ev.Locks), "locks "+strings.Join(ev.Locks, ", ")
+			key = multiKey(ev.Locks)
 		}
 		var ended []*pendingAcquire
 		wc.mu.Lock()
+		end := endedWait{deadlines: append(wc.waits[key], ev.Deadline), reason: ev.Reason}
+		delete(wc.waits, key)
 		kept := wc.pending[key][:0]
 		for _, p := range wc.pending[key] {
 			switch {
 			case p.deadline == 0:
-				p.ended = append(p.ended, ev.Deadline) // queued decides once the deadline is known
+				p.ended = append(p.ended, end) // queued decides once the deadline is known
 				kept = append(kept, p)
-			case p.deadline == ev.Deadline:
+			case slices.Contains(end.deadlines, p.deadline):
 				ended = append(ended, p)
 			default:
 				kept = append(kept, p)
@@ -948,15 +1020,8 @@ func (wc *wsConn) push(ev locktable.Event) {
 			wc.pending[key] = kept
 		}
 		wc.mu.Unlock()
-		code, msg := api.CodeWaitTimeout, "timed out waiting for "+what
-		switch ev.Reason {
-		case locktable.ReasonSessionExpired:
-			code, msg = api.CodeSessionExpired, "the session ended while waiting for "+what
-		case locktable.ReasonCancelled:
-			code, msg = api.CodeCancelled, "the wait for "+what+" was withdrawn (cancel)"
-		}
 		for _, p := range ended {
-			wc.send(api.WSMessage{ID: p.id, Type: api.TypeError, Lock: ev.Lock, Error: &api.Error{Code: code, Message: msg}})
+			wc.send(waitEndedReply(p.id, key, ev.Reason))
 		}
 	case locktable.EvSessionEnded:
 		wc.send(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: api.CodeSessionExpired,
@@ -981,6 +1046,7 @@ func (wc *wsConn) pushMulti(ev locktable.Event) {
 	if len(done) > 0 {
 		delete(wc.pending, key) // they complete together: same client, same locks
 	}
+	delete(wc.waits, key)
 	wc.mu.Unlock()
 	for _, p := range done {
 		gs := make([]locktable.Grant, len(ev.Locks))
