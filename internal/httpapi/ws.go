@@ -42,10 +42,6 @@ type wsConn struct {
 	ttl      int64
 	sub      *notify.Sub
 	pending  map[string][]*pendingAcquire // lock (or multiKey) -> acquires waiting for their answer, in the order sent
-	// waits: lock (or multiKey) -> every deadline the session's current
-	// wait there has had, in log order (its EvQueued events: the acquire
-	// that queued it and each retry that joined it). Kept by the push loop.
-	waits    map[string][]int64
 	lanes    map[string][]*laneItem       // lock -> requests waiting for that lock's lane
 	subReady chan struct{}
 	id       auth.Identity // the connection's token as it was at the upgrade: its name owns the session
@@ -57,6 +53,12 @@ type wsConn struct {
 
 	watches   map[uint64]*notify.Watch // by watch_id (under mu)
 	nextWatch uint64
+
+	// waits: lock (or multiKey) -> every deadline the session's current
+	// wait there has had, in log order (its EvQueued events: the acquire
+	// that queued it and each retry that joined it). Kept by the push
+	// loop, under mu.
+	waits map[string][]int64
 }
 
 // Watches per connection, and the changes buffered for each before it is
@@ -1061,9 +1063,10 @@ func (wc *wsConn) pushMulti(ev locktable.Event) {
 // watch starts a watch on one lock or on every lock under a prefix (SPEC
 // "Watches"): the reply names it, then one changed frame per lock with
 // state (for one lock: exactly one, free or not), then one per committed
-// change in log order. Requests are served on their lock's lane, so a
-// watch of one lock is in place before anything sent after it on that
-// lock takes effect.
+// change in log order, and after the initial frames a synced frame naming
+// the index they are as of (every later frame is above it). Requests are
+// served on their lock's lane, so a watch of one lock is in place before
+// anything sent after it on that lock takes effect.
 func (wc *wsConn) watch(req api.WSRequest) error {
 	if (req.Lock == "") == (req.Prefix == nil) {
 		return invalid("watch names either lock or prefix")
@@ -1090,7 +1093,7 @@ func (wc *wsConn) watch(req api.WSRequest) error {
 		return &apiError{code: api.CodeResourceExhausted, msg: fmt.Sprintf("this connection has %d watches, the limit", maxWatchesPerConn)}
 	}
 	// Watch before reading the initial state: a change committed meanwhile
-	// is in the buffer, and dropped below if the state read shows it.
+	// is in the buffer, and dropped below if the state read reflects it.
 	var err error
 	if req.Prefix != nil {
 		w, err = wc.h.startWatch(func() *notify.Watch { return wc.h.b.WatchPrefix(*req.Prefix, watchBuffer) })
@@ -1121,47 +1124,113 @@ func (wc *wsConn) watch(req api.WSRequest) error {
 		return err
 	}
 	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, WatchID: id})
-	seen := wc.initialState(id, req)
+	pic := wc.initialState(id, req)
+	synced := pic.oneIndex()
+	if synced {
+		wc.sendSynced(id, w, pic.index())
+	} else {
+		// Pages read at different indexes: the changes of earlier pages'
+		// locks up to the last page's index are still to be sent (forward
+		// does), and may still be on their way from the apply loop.
+		w.SyncAt(pic.index())
+	}
 	wc.work.Add(1)
-	go wc.forward(id, w, seen)
+	go wc.forward(id, w, pic, synced)
 	return nil
 }
 
+// watchPage is how many locks one read of a prefix watch's initial state
+// takes (the table is read in pages, so a big prefix never holds up the
+// apply loop for long); tests lower it.
+var watchPage = api.DefaultListLimit
+
+// picture is what a watch's initial frames showed: the watched locks read
+// in pages of names, each page at the index of its own read (the table's
+// LastChange then: every lock's state as of that index). A lock not listed
+// had no state (was free) as of its page's index.
+type picture struct {
+	upTo []string // the last name of every page but the last, rising
+	at   []uint64 // per page, the index it was read at (one more than upTo)
+}
+
+// indexOf is the index the picture showed lock name at: changes of it at
+// or below are in the picture.
+func (p *picture) indexOf(name string) uint64 {
+	i, _ := slices.BinarySearch(p.upTo, name)
+	return p.at[i]
+}
+
+// index is the index the whole picture is as of, once the changes of its
+// earlier pages up to it were sent: the last page's (indexes only rise).
+func (p *picture) index() uint64 { return slices.Max(p.at) }
+
+// oneIndex reports whether every page was read at the same index.
+func (p *picture) oneIndex() bool { return slices.Min(p.at) == p.index() }
+
 // initialState sends the watched locks' current statuses and returns the
-// index each was read at.
-func (wc *wsConn) initialState(id uint64, req api.WSRequest) map[string]uint64 {
-	seen := map[string]uint64{}
+// picture they make.
+func (wc *wsConn) initialState(id uint64, req api.WSRequest) *picture {
+	pic := &picture{}
 	send := func(li locktable.LockInfo) {
-		seen[li.Name] = li.Index
 		st := statusOf(li)
 		wc.send(api.WSMessage{Type: api.TypeChanged, WatchID: id, Lock: li.Name, Index: li.Index, Status: &st})
 	}
 	if req.Prefix == nil {
 		var li locktable.LockInfo
-		wc.h.b.View(func(t *locktable.Table) { li = t.Get(req.Lock) })
+		wc.h.b.View(func(t *locktable.Table) { li, pic.at = t.Get(req.Lock), []uint64{t.LastChange()} })
 		send(li)
-		return seen
+		return pic
 	}
 	after := ""
-	for wc.ctx.Err() == nil {
+	for {
 		var page []locktable.LockInfo
 		var next string
-		wc.h.b.View(func(t *locktable.Table) { page, next = t.ListPage(*req.Prefix, after, api.DefaultListLimit) })
+		var at uint64
+		wc.h.b.View(func(t *locktable.Table) {
+			page, next = t.ListPage(*req.Prefix, after, watchPage)
+			at = t.LastChange()
+		})
+		pic.at = append(pic.at, at)
 		for _, li := range page {
 			send(li)
 		}
-		if next == "" {
-			break
+		if next == "" || wc.ctx.Err() != nil {
+			return pic
 		}
+		pic.upTo = append(pic.upTo, next)
 		after = next
 	}
-	return seen
+}
+
+// sendSynced tells the client that watch id's initial frames are complete
+// as of index, if the watch is still w (as sendIfWatching), and reports
+// whether it was. index is always present, even 0 (a table nothing
+// changed yet).
+func (wc *wsConn) sendSynced(id uint64, w *notify.Watch, index uint64) bool {
+	b, _ := json.Marshal(struct {
+		Type    string `json:"type"`
+		WatchID uint64 `json:"watch_id"`
+		Index   uint64 `json:"index"`
+	}{api.TypeSynced, id, index})
+	wc.mu.Lock()
+	defer wc.mu.Unlock()
+	if wc.watches[id] != w {
+		return false
+	}
+	wc.w.send(b)
+	return true
 }
 
 // forward sends a watch's changes until it is unwatched or the connection
-// ends. Per lock, indexes only rise: a change the initial state already
-// showed is dropped.
-func (wc *wsConn) forward(id uint64, w *notify.Watch, seen map[string]uint64) {
+// ends: those above what the initial picture showed of their lock, so per
+// lock indexes only rise, and nothing older than the picture comes after
+// it. Until the synced frame is out (synced false), the changes of the
+// picture's earlier pages up to its index complete it; synced goes out
+// when the watch's Synced mark comes (every such change was handed over),
+// or before the first change above the picture's index. A watch that
+// dropped changes before it was synced is told to resync instead, and is
+// never said to be synced.
+func (wc *wsConn) forward(id uint64, w *notify.Watch, pic *picture, synced bool) {
 	defer wc.work.Done()
 	behind := false
 	var caughtUp <-chan struct{} // set while behind
@@ -1176,15 +1245,30 @@ func (wc *wsConn) forward(id uint64, w *notify.Watch, seen map[string]uint64) {
 			if !ok {
 				return
 			}
+			if ch.Synced {
+				if !synced && !behind && !wc.sendSynced(id, w, pic.index()) {
+					return
+				}
+				synced = true
+				continue
+			}
 			if behind {
 				continue
 			}
 			name := ch.Status.Name
-			if at, ok := seen[name]; ok {
-				if ch.Status.Index <= at {
-					continue
+			if ch.Status.Index != ch.Index {
+				// The entry named the lock without changing it (a try by a
+				// client already waiting): its status is one already shown.
+				continue
+			}
+			if ch.Index <= pic.indexOf(name) {
+				continue // the picture showed it, or a later state
+			}
+			if !synced {
+				if ch.Index > pic.index() && !wc.sendSynced(id, w, pic.index()) {
+					return
 				}
-				delete(seen, name) // every later change is above it
+				synced = ch.Index > pic.index()
 			}
 			sent, watching := wc.sendChangeIfWatching(id, w, ch)
 			if !watching {
@@ -1192,10 +1276,11 @@ func (wc *wsConn) forward(id uint64, w *notify.Watch, seen map[string]uint64) {
 			}
 			if !sent {
 				// Dropped: the client re-reads after the resync, sent once it
-				// has read what is queued.
-				behind, caughtUp = true, wc.w.caughtUp()
+				// has read what is queued; a resync takes synced's place.
+				behind, caughtUp, synced = true, wc.w.caughtUp(), true
 			}
 		case <-w.Resync():
+			synced = true // a resync takes its place
 			if !wc.sendIfWatching(id, w, api.WSMessage{Type: api.TypeResync, WatchID: id}) {
 				return
 			}
