@@ -645,6 +645,10 @@ func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
 		if w := cs.watchIDs[m.WatchID]; w != nil {
 			c.onChangedLocked(w, m)
 		}
+	case api.TypeSynced:
+		if w := cs.watchIDs[m.WatchID]; w != nil {
+			c.onSyncedLocked(w, m)
+		}
 	case api.TypeResync:
 		if w := cs.watchIDs[m.WatchID]; w != nil {
 			c.log.Info("lockd: the server dropped changes for a watch; reading it again", "watch", w.what())
