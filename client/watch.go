@@ -14,8 +14,9 @@ import (
 type WatchEvent struct {
 	// Lock is the lock's name.
 	Lock string
-	// Index is the log index of the lock's last change: Status.Index.
-	// Per lock, the events of one watch have strictly rising indexes.
+	// Index is the log index of the lock's last change: Status.Index (for
+	// a lock found freed after a reconnect, the index it was found free
+	// at). Per lock, the events of one watch have strictly rising indexes.
 	Index uint64
 	// Status is the lock's status right after that change, as GET
 	// /api/v1/locks/{name} shows it. A lock whose last holder and waiter
