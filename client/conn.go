@@ -680,7 +680,7 @@ func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
 			code = m.Error.Code
 		}
 		switch code {
-		case api.CodeWaitTimeout:
+		case api.CodeWaitTimeout, api.CodeCancelled:
 			// The end of a wait answers every request that joined it: this
 			// is one the client re-sent under a newer id (an adopted wait),
 			// whose own answer comes with that id.
