@@ -78,7 +78,7 @@ func (w *wsClient) answers(want ...uint64) map[uint64]api.WSMessage {
 // another wait, has one wait in the state machine, whose deadline is the
 // retry's. Both requests are its requests: whatever ends the wait answers
 // both, once each — a timeout at the retry's deadline, the session's end,
-// a grant. (Before, only the request whose own deadline matched the end
+// a cancel, a grant. (Before, only the request whose own deadline matched the end
 // of the wait was answered: the first waited for a reply forever.)
 func TestWebSocketRetriedWaitAnswersEveryRequest(t *testing.T) {
 	setup := func(t *testing.T, first, retry int64) (*fakeBackend, *wsClient, *wsClient, uint64, int64) {
@@ -129,6 +129,19 @@ func TestWebSocketRetriedWaitAnswersEveryRequest(t *testing.T) {
 		for id, m := range got {
 			if m.Type != api.TypeError || m.Error.Code != api.CodeSessionExpired {
 				t.Fatalf("request %d: %+v, want session_expired", id, m)
+			}
+		}
+	})
+	t.Run("a cancel answers both", func(t *testing.T) {
+		_, _, b, _, _ := setup(t, 600_000, 1000)
+		b.send(`{"id":4,"op":"cancel","lock":"l"}`)
+		ans := b.answers(2, 3, 4)
+		if m := ans[4]; m.Type != api.TypeOK || m.Cancelled == nil || !*m.Cancelled {
+			t.Fatalf("cancel: %+v", m)
+		}
+		for _, id := range []uint64{2, 3} {
+			if m := ans[id]; m.Type != api.TypeError || m.Error == nil || m.Error.Code != api.CodeCancelled {
+				t.Fatalf("request %d: %+v, want cancelled", id, m)
 			}
 		}
 	})
