@@ -22,6 +22,10 @@ const (
 	TypeLost    = "lost"
 	TypeChanged = "changed" // a watched lock's committed change
 	TypeResync  = "resync"  // a watcher fell behind: re-read, then follow the changes again
+	// TypeSynced follows a watch's initial frames: the watcher now has the
+	// state of everything it watches as of Index, and every later frame of
+	// the watch has a higher index.
+	TypeSynced = "synced"
 )
 
 // Reasons carried by a "lost" push.
@@ -80,8 +84,9 @@ type WSMessage struct {
 	// ReadOnly: the hello of a connection whose token has read access only
 	// opened no session; the connection serves watches.
 	ReadOnly bool `json:"read_only,omitempty"`
-	// Watches: the watch a changed or resync frame belongs to, and a
-	// change's log index and the lock's status right after it.
+	// Watches: the watch a changed, synced or resync frame belongs to, and
+	// a change's log index and the lock's status right after it (synced:
+	// the index the watch's initial state is as of).
 	WatchID uint64      `json:"watch_id,omitempty"`
 	Index   uint64      `json:"index,omitempty"`
 	Status  *LockStatus `json:"status,omitempty"`

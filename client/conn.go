@@ -645,6 +645,10 @@ func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
 		if w := cs.watchIDs[m.WatchID]; w != nil {
 			c.onChangedLocked(w, m)
 		}
+	case api.TypeSynced:
+		if w := cs.watchIDs[m.WatchID]; w != nil {
+			c.onSyncedLocked(w, m)
+		}
 	case api.TypeResync:
 		if w := cs.watchIDs[m.WatchID]; w != nil {
 			c.log.Info("lockd: the server dropped changes for a watch; reading it again", "watch", w.what())
@@ -676,6 +680,11 @@ func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
 			code = m.Error.Code
 		}
 		switch code {
+		case api.CodeWaitTimeout, api.CodeCancelled:
+			// The end of a wait answers every request that joined it: this
+			// is one the client re-sent under a newer id (an adopted wait),
+			// whose own answer comes with that id.
+			c.log.Debug("lockd: the end of a wait answered an earlier request of it", "code", code, "id", m.ID)
 		case api.CodeSessionExpired:
 			c.sessionLostLocked(c.sess, fmt.Errorf("%w: the server ended the session", ErrSessionExpired), false)
 		case api.CodeNotLeader, api.CodeNoLeader:

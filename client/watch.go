@@ -14,8 +14,9 @@ import (
 type WatchEvent struct {
 	// Lock is the lock's name.
 	Lock string
-	// Index is the log index of the lock's last change: Status.Index.
-	// Per lock, the events of one watch have strictly rising indexes.
+	// Index is the log index of the lock's last change: Status.Index (for
+	// a lock found freed after a reconnect, the index it was found free
+	// at). Per lock, the events of one watch have strictly rising indexes.
 	Index uint64
 	// Status is the lock's status right after that change, as GET
 	// /api/v1/locks/{name} shows it. A lock whose last holder and waiter
@@ -67,9 +68,11 @@ type watch struct {
 	id      uint64  // the server's watch_id on conn; 0 while there is none
 	reqID   uint64  // the watch request awaiting its answer; 0 for none
 	gen     uint64  // counts the watch requests sent
-	// rereading: a re-established watch whose first picture is still
-	// coming; its events are marked Resync.
+	// rereading: a re-established watch whose initial frames are still
+	// coming (until its synced frame); its events are marked Resync, and
+	// pictured collects the locks they name.
 	rereading bool
+	pictured  map[string]bool
 	// last is the index of the last event queued per lock; state tells
 	// whether that event's lock had state (holders, waiters or a delay),
 	// so that it would be among a prefix watch's first picture.
@@ -96,7 +99,8 @@ func (w *watch) what() string {
 // index is above the last one it delivered, so no change comes twice or
 // out of order, and the lock's latest state always comes (changes made
 // while the client was away may be folded into it; see
-// WatchEvent.Resync).
+// WatchEvent.Resync). The server's first frames of a watch end with a
+// synced frame, after which nothing older than them comes.
 //
 // Watch returns once the leader has accepted the watch (an invalid name or
 // a token without read access gives the server's error). The channel is
@@ -115,11 +119,13 @@ func (c *Client) Watch(ctx context.Context, name string, opts ...WatchOption) (<
 // or delayed), then one per committed change of any of them, each lock's
 // in log order (rising Index). A lock that loses its last holder and
 // waiter shows as free. Across reconnects it behaves as Watch does: the
-// client watches again, lists the prefix, and reads each lock it last
-// showed with state that is no longer listed, so a lock freed while the
-// client was away is delivered as free. For that the watch remembers the
-// last index it delivered of every lock it has shown (a few dozen bytes
-// each) for as long as it runs.
+// client watches again, and the new watch's first frames, up to the
+// server's synced frame at index N, are the prefix's state as of N; a lock
+// it last showed with state that they do not name has none now, and is
+// delivered as free (Held false, Mode "none") at index N — SPEC: a lock
+// without state may report any index at or above its last change. For that
+// the watch remembers the last index it delivered of every lock it has
+// shown (a few dozen bytes each) for as long as it runs.
 func (c *Client) WatchPrefix(ctx context.Context, prefix string, opts ...WatchOption) (<-chan WatchEvent, error) {
 	return c.watch(ctx, "", &prefix, opts)
 }
@@ -187,7 +193,7 @@ func (c *Client) watchFrameLocked(w *watch, cs *wsConn) []byte {
 	w.gen++
 	w.reqID = c.nextID()
 	w.conn, w.id = cs, 0
-	w.rereading = w.started
+	w.rereading, w.pictured = w.started, nil
 	cs.watchReqs[w.reqID] = w
 	req := api.WSRequest{ID: w.reqID, Op: api.OpWatch, Lock: w.lock}
 	if w.prefix != nil {
@@ -267,20 +273,8 @@ func (c *Client) onWatchReplyLocked(cs *wsConn, w *watch, m *api.WSMessage) []fu
 			}
 			return nil
 		}
-		if w.prefix != nil {
-			// The new watch's first picture lists the locks with state; a
-			// lock shown with state before that has none now is not in it,
-			// so read those (and the prefix) over HTTP.
-			var known []string
-			for name, st := range w.state {
-				if st {
-					known = append(known, name)
-				}
-			}
-			slices.Sort(known)
-			gen := w.gen
-			c.goLocked(func() { c.reread(w, gen, known) })
-		}
+		// Watched again: its first frames, up to synced, are read again.
+		w.pictured = map[string]bool{}
 		return nil
 	case api.TypeError:
 		se := serverError(m.Error, 0)
@@ -352,11 +346,34 @@ func (c *Client) onChangedLocked(w *watch, m *api.WSMessage) {
 	if idx == 0 {
 		idx = st.Index
 	}
-	resync := w.rereading
-	if w.prefix == nil {
-		w.rereading = false // a single lock's first picture is one frame
+	if w.rereading && w.pictured != nil {
+		w.pictured[name] = true
 	}
-	c.offerLocked(w, name, idx, st, resync)
+	c.offerLocked(w, name, idx, st, w.rereading)
+}
+
+// onSyncedLocked takes the synced frame that ends a server watch's first
+// frames: they were the state of every watched lock as of m.Index. After a
+// re-watch, a lock the watch last showed with state that they did not name
+// has none as of m.Index (it was freed while the client was away, or
+// while the watch was behind): it is delivered as free.
+func (c *Client) onSyncedLocked(w *watch, m *api.WSMessage) {
+	if !w.rereading {
+		return
+	}
+	if w.prefix != nil && w.pictured != nil {
+		var freed []string
+		for name, st := range w.state {
+			if st && !w.pictured[name] {
+				freed = append(freed, name)
+			}
+		}
+		slices.Sort(freed)
+		for _, name := range freed {
+			c.offerLocked(w, name, m.Index, api.LockStatus{Lock: name, Mode: api.ModeNone, Limit: 1, Index: m.Index}, true)
+		}
+	}
+	w.rereading, w.pictured = false, nil
 }
 
 // offerLocked queues a lock's status for the consumer if it is newer than
@@ -443,61 +460,4 @@ loop:
 	if frame != nil {
 		_ = c.write(cs, frame)
 	}
-}
-
-// reread reads a re-established prefix watch's locks over HTTP: the
-// prefix's list, and each lock in known (shown with state before) that the
-// list lacks, which has lost its state meanwhile (freed) and is in no
-// first picture. It ends when done, when a newer watch request replaced
-// generation gen, or when the watch ends.
-func (c *Client) reread(w *watch, gen uint64, known []string) {
-	ctx, cancel := context.WithCancel(c.ctx)
-	defer cancel()
-	stop := context.AfterFunc(w.ctx, cancel)
-	defer stop()
-	bo := newBackoff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
-	for {
-		sts, err := c.readPrefix(ctx, *w.prefix, known)
-		c.mu.Lock()
-		if w.ended || w.gen != gen {
-			c.mu.Unlock()
-			return
-		}
-		if err == nil {
-			for i := range sts {
-				c.offerLocked(w, sts[i].Lock, sts[i].Index, sts[i], true)
-			}
-			w.rereading = false
-			c.mu.Unlock()
-			return
-		}
-		c.mu.Unlock()
-		c.log.Info("lockd: reading a watched prefix again failed, retrying", "watch", w.what(), "err", err)
-		if !sleep(ctx, bo.next()) {
-			return
-		}
-	}
-}
-
-// readPrefix lists prefix and reads each lock of known the list lacks.
-func (c *Client) readPrefix(ctx context.Context, prefix string, known []string) ([]api.LockStatus, error) {
-	sts, err := c.api.List(ctx, prefix)
-	if err != nil {
-		return nil, err
-	}
-	listed := make(map[string]bool, len(sts))
-	for _, st := range sts {
-		listed[st.Lock] = true
-	}
-	for _, name := range known {
-		if listed[name] {
-			continue
-		}
-		st, err := c.api.Status(ctx, name, false)
-		if err != nil {
-			return nil, err
-		}
-		sts = append(sts, *st)
-	}
-	return sts, nil
 }

@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -438,5 +443,88 @@ func TestWaitStatus(t *testing.T) {
 	}
 	if _, err := a.WaitStatus(ctx, "q", 0, 11*time.Minute); err == nil {
 		t.Fatal("a wait above 10m: no error")
+	}
+}
+
+// A prefix watch re-established after a reconnect learns the prefix's
+// state from the server's first frames and their synced frame, with no
+// other read: a lock freed while the client was away is delivered free at
+// the synced index, the others with their latest state, nothing twice.
+// (The client used to list the prefix over HTTP at every reconnect; here
+// the lists fail, so it could not.)
+func TestWatchPrefixRewatchReadsNothingElse(t *testing.T) {
+	f := newFake(t, lockdtest.Options{})
+	var down atomic.Bool
+	var lists atomic.Int64
+	target, _ := url.Parse(f.URL(0))
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Path == "/api/v1/locks" {
+			lists.Add(1)
+			http.Error(w, "no lists here", http.StatusServiceUnavailable)
+			return
+		}
+		if down.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	w := newClient(t, f, client.Config{ClientID: "watcher", Endpoints: []string{srv.URL}, SessionTTL: 5 * time.Second,
+		MaxBackoff: 100 * time.Millisecond})
+	a := newAPI(t, f.URL(0))
+	ctx := t.Context()
+	toks := map[string]uint64{}
+	for _, n := range []string{"s/a", "s/b", "s/c"} {
+		rep, err := a.Acquire(ctx, n, "h", time.Minute, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks[n] = rep.FencingToken
+	}
+	ch, err := w.WatchPrefix(ctx, "s/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := record(t, ch)
+	for _, n := range []string{"s/a", "s/b", "s/c"} {
+		r.waitLast(t, n, "held", held)
+	}
+	// Away: s/a is freed, s/b gets a value, s/d is taken.
+	down.Store(true)
+	f.DropConnections()
+	if err := a.Release(ctx, "s/a", "h", toks["s/a"]); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetValue(ctx, "s/b", "h", toks["s/b"], "while away"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Acquire(ctx, "s/d", "h", time.Minute, 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // a reconnect attempt or two fails meanwhile
+	down.Store(false)
+	for _, c := range []struct {
+		name, what string
+		ok         func(client.WatchEvent) bool
+	}{{"s/a", "free", free}, {"s/b", "its value", valueIs("while away")}, {"s/d", "held", held}} {
+		if ev := r.waitLast(t, c.name, c.what, c.ok); !ev.Resync {
+			t.Fatalf("%s read again after the reconnect is not marked Resync: %+v", c.name, ev)
+		}
+	}
+	// The watch goes on, and its changes are no longer marked Resync.
+	if err := a.Release(ctx, "s/c", "h", toks["s/c"]); err != nil {
+		t.Fatal(err)
+	}
+	if ev := r.waitLast(t, "s/c", "free", free); ev.Resync {
+		t.Fatalf("a change after the re-established watch synced is marked Resync: %+v", ev)
+	}
+	checkOrder(t, r.events())
+	if n := len(r.of("s/c")); n != 2 {
+		t.Fatalf("s/c came %d times, want twice (held, then free): %+v", n, r.of("s/c"))
+	}
+	if n := lists.Load(); n != 0 {
+		t.Fatalf("the client listed the prefix %d times", n)
 	}
 }

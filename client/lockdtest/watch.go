@@ -12,7 +12,8 @@ import (
 // Watches, as lockd serves them (SPEC "Watches"): a WebSocket watch of one
 // lock or of a prefix gets its ok, then the current state (one changed
 // frame for a single lock, free or not; one per lock with state under a
-// prefix), then one changed frame per change, in order; a blocking query
+// prefix), then a synced frame at the fake's change counter, then one
+// changed frame per change, in order; a blocking query
 // (GET /api/v1/locks/{name}?index=N&wait=D) answers once the lock's index
 // is above N, when wait ends, or early after a leader change. The fake
 // counts every change of a lock as one index step (lockd may fold a
@@ -89,6 +90,9 @@ func (cn *conn) watchLocked(req api.WSRequest, reply func(api.WSMessage), fail f
 	for i := range sts {
 		cn.pushLocked(api.WSMessage{Type: api.TypeChanged, WatchID: w.id, Lock: sts[i].Lock, Index: sts[i].Index, Status: &sts[i]})
 	}
+	// The state was read under the lock every change takes: it is as of
+	// the change counter, and every later change is above it.
+	cn.pushLocked(api.WSMessage{Type: api.TypeSynced, WatchID: w.id, Index: c.index})
 }
 
 // unwatchLocked serves a WebSocket unwatch request.

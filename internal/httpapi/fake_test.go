@@ -40,6 +40,9 @@ type fakeBackend struct {
 	// gate, when set, holds every proposal until it is closed (a cluster
 	// that commits nothing for a while).
 	gate chan struct{}
+	// afterReadIndex and afterView, when set, run after every ReadIndex
+	// and View (commits between a watch's steps).
+	afterReadIndex, afterView func()
 }
 
 func newFake() *fakeBackend {
@@ -111,17 +114,32 @@ func (f *fakeBackend) Propose(ctx context.Context, cmd locktable.Command) (lockt
 			delete(f.sessions, ev.SessionID)
 		}
 	}
+	idx := f.index
 	f.mu.Unlock()
 	f.hub.Publish(res.Events)
 	f.watches.Publish(changes)
+	f.watches.Advance(idx)
 	return res, nil
 }
 
-func (f *fakeBackend) ReadIndex(ctx context.Context) error { return nil }
+func (f *fakeBackend) ReadIndex(ctx context.Context) error {
+	f.mu.Lock()
+	hook := f.afterReadIndex
+	f.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	return nil
+}
+
 func (f *fakeBackend) View(fn func(t *locktable.Table)) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	fn(f.table)
+	hook := f.afterView
+	f.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
 }
 func (f *fakeBackend) Keepalive(_ context.Context, id string) (int64, bool, error) {
 	f.mu.Lock()

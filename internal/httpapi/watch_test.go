@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/lockd/lockd/api"
+	"github.com/lockd/lockd/internal/locktable"
 )
 
 // TestSlowWatcherResyncs: a watcher whose client stops reading does not
@@ -57,6 +58,7 @@ func TestSlowWatcherResyncs(t *testing.T) {
 			changed++
 		case api.TypeResync:
 			resyncs++
+		case api.TypeSynced:
 		default:
 			t.Fatalf("frame %+v", m)
 		}
@@ -235,4 +237,178 @@ func TestWatchersShareOneEncoding(t *testing.T) {
 	if n := statusEncodings.Load() - before; n != 1 {
 		t.Fatalf("one change to 20 watchers was encoded %d times", n)
 	}
+}
+
+// watchFrames reads watch frames until stop says so, failing on any
+// error frame.
+func (w *wsClient) watchFrames(stop func(api.WSMessage) bool) []api.WSMessage {
+	w.t.Helper()
+	var out []api.WSMessage
+	for {
+		m := w.recv()
+		if m.Type == api.TypeError {
+			w.t.Fatalf("error frame %+v after %+v", m, out)
+		}
+		out = append(out, m)
+		if stop(m) {
+			return out
+		}
+	}
+}
+
+// TestPrefixWatchSendsNothingOlderThanItsPicture: a lock taken and freed
+// between a prefix watch's registration and the read of its first picture
+// is free in the picture (not listed); its older changes, buffered
+// meanwhile, must not follow the picture (they showed a holder that the
+// picture's index no longer has). After the picture only changes above its
+// index come.
+func TestPrefixWatchSendsNothingOlderThanItsPicture(t *testing.T) {
+	f := newFake()
+	h := New(Config{Backend: f})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	acquire := func(name string) uint64 {
+		r := do(t, h, "POST", "/api/v1/locks/"+name+"/acquire", `{"client_id":"w","ttl_ms":60000}`)
+		if r.status != 200 {
+			t.Fatalf("acquire %s: %s", name, r.raw)
+		}
+		return uint64(r.body["fencing_token"].(float64))
+	}
+	acquire("p/held")
+	c := dialWS(t, srv)
+	c.send(`{"id":1,"op":"hello","client_id":"watcher"}`)
+	c.recv()
+	f.mu.Lock()
+	f.afterReadIndex = func() {
+		f.mu.Lock()
+		f.afterReadIndex = nil
+		f.mu.Unlock()
+		tok := acquire("p/gap")
+		if r := do(t, h, "POST", "/api/v1/locks/p%2Fgap/release", fmt.Sprintf(`{"client_id":"w","fencing_token":%d}`, tok)); r.status != 200 {
+			t.Errorf("release: %s", r.raw)
+		}
+	}
+	f.mu.Unlock()
+	c.send(`{"id":2,"op":"watch","prefix":"p/"}`)
+	if m := c.recv(); m.Type != api.TypeOK {
+		t.Fatalf("watch: %+v", m)
+	}
+	var picture uint64 // the highest index the picture showed
+	frames := c.watchFrames(func(m api.WSMessage) bool { return m.Type == api.TypeChanged })
+	if m := frames[0]; m.Lock != "p/held" || !m.Status.Held {
+		t.Fatalf("picture: %+v", m)
+	}
+	picture = frames[0].Index
+	f.View(func(tb *locktable.Table) { picture = max(picture, tb.LastChange()) })
+	acquire("p/after")
+	for _, m := range c.watchFrames(func(m api.WSMessage) bool { return m.Lock == "p/after" }) {
+		switch {
+		case m.Type == api.TypeSynced:
+		case m.Lock == "p/gap":
+			t.Fatalf("a change older than the picture (read at %d) came after it: %+v held=%v", picture, m, m.Status.Held)
+		case m.Index <= picture:
+			t.Fatalf("frame at %d after a picture read at %d: %+v", m.Index, picture, m)
+		}
+	}
+}
+
+// TestWatchSynced: after a watch's initial frames comes one synced frame
+// naming the index they are as of; every later frame is above it. A prefix
+// read in several pages at different indexes sends the changes of its
+// earlier pages up to the last page's index before synced (and none at or
+// below the index each lock's page was read at).
+func TestWatchSynced(t *testing.T) {
+	defer func(n int) { watchPage = n }(watchPage)
+	watchPage = 2
+	f := newFake()
+	h := New(Config{Backend: f})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	tokens := map[string]uint64{}
+	acquire := func(name string) {
+		r := do(t, h, "POST", "/api/v1/locks/"+strings.ReplaceAll(name, "/", "%2F")+"/acquire", `{"client_id":"w","ttl_ms":60000}`)
+		if r.status != 200 {
+			t.Fatalf("acquire %s: %s", name, r.raw)
+		}
+		tokens[name] = uint64(r.body["fencing_token"].(float64))
+	}
+	release := func(name string) {
+		if r := do(t, h, "POST", "/api/v1/locks/"+strings.ReplaceAll(name, "/", "%2F")+"/release", fmt.Sprintf(`{"client_id":"w","fencing_token":%d}`, tokens[name])); r.status != 200 {
+			t.Fatalf("release %s: %s", name, r.raw)
+		}
+	}
+	lastChange := func() (n uint64) {
+		f.View(func(tb *locktable.Table) { n = tb.LastChange() })
+		return n
+	}
+	for _, n := range []string{"p/a", "p/b", "p/c", "p/d", "p/e", "q"} {
+		acquire(n)
+	}
+	c := dialWS(t, srv)
+	c.send(`{"id":1,"op":"hello","client_id":"watcher"}`)
+	c.recv()
+
+	t.Run("one lock", func(t *testing.T) {
+		c.send(`{"id":2,"op":"watch","lock":"q"}`)
+		ok := c.recv()
+		want := lastChange()
+		fs := c.watchFrames(func(m api.WSMessage) bool { return m.Type == api.TypeSynced })
+		if len(fs) != 2 || fs[0].Lock != "q" || fs[1].WatchID != ok.WatchID || fs[1].Index != want {
+			t.Fatalf("frames %+v, want q's status then synced at %d", fs, want)
+		}
+		release("q")
+		if m := c.recv(); m.Lock != "q" || m.Index <= want || m.Status.Held {
+			t.Fatalf("the release: %+v (synced at %d)", m, want)
+		}
+	})
+	t.Run("a prefix in pages", func(t *testing.T) {
+		// After the first page (p/a, p/b) is read, p/a changes (it must
+		// come before synced), and p/cc is taken and freed before its page
+		// is read (it must not come at all).
+		f.mu.Lock()
+		f.afterView = func() {
+			f.mu.Lock()
+			f.afterView = nil
+			f.mu.Unlock()
+			release("p/a")
+			acquire("p/cc")
+			release("p/cc")
+		}
+		f.mu.Unlock()
+		c.send(`{"id":3,"op":"watch","prefix":"p/"}`)
+		if m := c.recv(); m.Type != api.TypeOK {
+			t.Fatalf("watch: %+v", m)
+		}
+		fs := c.watchFrames(func(m api.WSMessage) bool { return m.Type == api.TypeSynced })
+		var got []string
+		for _, m := range fs[:len(fs)-1] {
+			got = append(got, fmt.Sprintf("%s@%d:%v", m.Lock, m.Index, m.Status.Held))
+		}
+		synced := fs[len(fs)-1]
+		if synced.Index != lastChange() {
+			t.Fatalf("synced at %d, the last change is at %d", synced.Index, lastChange())
+		}
+		var aFreed uint64
+		f.View(func(tb *locktable.Table) { aFreed = tb.Get("p/a").Index })
+		first := fs[0].Index
+		want := []string{
+			fmt.Sprintf("p/a@%d:true", first), fmt.Sprintf("p/b@%d:true", fs[1].Index),
+			fmt.Sprintf("p/c@%d:true", fs[2].Index), fmt.Sprintf("p/d@%d:true", fs[3].Index),
+			fmt.Sprintf("p/e@%d:true", fs[4].Index), fmt.Sprintf("p/a@%d:false", aFreed),
+		}
+		if strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Fatalf("initial frames\n got %v\nwant %v", got, want)
+		}
+		acquire("p/z")
+		if m := c.recv(); m.Lock != "p/z" || m.Index <= synced.Index {
+			t.Fatalf("after synced at %d: %+v", synced.Index, m)
+		}
+	})
+	t.Run("an empty prefix", func(t *testing.T) {
+		c.send(`{"id":4,"op":"watch","prefix":"none/"}`)
+		ok := c.recv()
+		if m := c.recv(); m.Type != api.TypeSynced || m.WatchID != ok.WatchID || m.Index != lastChange() {
+			t.Fatalf("want synced at %d at once: %+v", lastChange(), m)
+		}
+	})
 }

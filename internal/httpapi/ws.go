@@ -53,6 +53,12 @@ type wsConn struct {
 
 	watches   map[uint64]*notify.Watch // by watch_id (under mu)
 	nextWatch uint64
+
+	// waits: lock (or multiKey) -> every deadline the session's current
+	// wait there has had, in log order (its EvQueued events: the acquire
+	// that queued it and each retry that joined it). Kept by the push
+	// loop, under mu.
+	waits map[string][]int64
 }
 
 // Watches per connection, and the changes buffered for each before it is
@@ -75,19 +81,36 @@ var watchBacklog = defaultWatchBacklog
 const maxInflight = 1024
 
 // pendingAcquire is an acquire sent on this connection and not yet
-// answered. deadline is its wait's deadline once the queued command has
-// committed (0 before): a wait that ended is matched by it, so the end of an
-// earlier wait of this client on the same lock (a retry re-queued after it)
-// is never taken for the answer to this one.
+// answered. deadline is the deadline its queued command gave the wait once
+// that command has committed (0 before).
+//
+// The state machine keeps one wait per client and lock: an acquire sent
+// while an earlier one waits joins that wait (it keeps its place) and moves
+// its deadline to its own. Every acquire that joined a wait is answered by
+// the wait's one outcome — the grant, the timeout at the last deadline it
+// was given, the session's end — once each. Which acquires joined it is
+// told by the log: the push loop records each deadline the wait was given
+// (wsConn.waits), and the end of the wait answers the pending acquires
+// whose deadline is among them. So an acquire that queued a new wait after
+// an earlier one ended (a retry racing the timeout) is never answered by
+// the end of the earlier one, which would tell a client "timed out" about a
+// wait the log then grants.
 type pendingAcquire struct {
 	id       uint64
 	deadline int64
 	// grants collects a multi-acquire's grants: they commit in one step,
 	// one event per lock, and are answered in one reply.
 	grants map[string]locktable.Grant
-	// ended holds the deadlines of waits that ended before this acquire's
-	// own deadline was known; queued settles them.
-	ended []int64
+	// ended holds the waits that ended before this acquire's own deadline
+	// was known; queued settles them.
+	ended []endedWait
+}
+
+// endedWait is a wait that ended without a grant: every deadline it had,
+// and why it ended.
+type endedWait struct {
+	deadlines []int64
+	reason    string
 }
 
 func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
@@ -104,7 +127,7 @@ func (h *Handler) websocket(w http.ResponseWriter, r *http.Request) {
 	}
 	c.SetReadLimit(api.MaxBodyBytes + 1) // readFrame answers a frame over MaxBodyBytes before this limit closes the connection
 	ctx, cancel := context.WithCancel(r.Context())
-	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string][]*pendingAcquire{},
+	wc := &wsConn{h: h, c: c, ctx: ctx, cancel: cancel, pending: map[string][]*pendingAcquire{}, waits: map[string][]int64{},
 		lanes: map[string][]*laneItem{}, subReady: make(chan struct{}), id: id,
 		inflight: make(chan struct{}, maxInflight)}
 	if h.auth != nil {
@@ -462,6 +485,9 @@ func (wc *wsConn) hello(req api.WSRequest) error {
 		}
 		id = nid
 	}
+	// The session's queued acquires tell which requests joined one wait
+	// (see pendingAcquire); none was sent through it on this connection yet.
+	sub.TellQueued(id)
 	wc.mu.Lock()
 	wc.session, wc.client, wc.ttl, wc.sub = id, req.ClientID, ttl, sub
 	wc.mu.Unlock()
@@ -680,23 +706,47 @@ func (wc *wsConn) unpend(lock string, p *pendingAcquire) bool {
 
 // queued records the deadline of a committed wait, then settles the race
 // with its end: if the wait already ended (its event went by while the
-// deadline was unknown) and no grant took its place, the answer is
-// wait_timeout. Events arrive in log order from the apply loop, so the end
-// of this wait is either among those already seen or still to come.
-func (wc *wsConn) queued(lock string, p *pendingAcquire, res locktable.Result) {
+// deadline was unknown) and no grant took its place, it is answered as that
+// end says. Events arrive in log order from the apply loop, so the end of
+// this wait is either among those already seen or still to come.
+func (wc *wsConn) queued(key string, p *pendingAcquire, res locktable.Result) {
 	deadline := queuedDeadline(res, wc.client)
 	wc.mu.Lock()
-	if !slices.Contains(wc.pending[lock], p) {
+	if !slices.Contains(wc.pending[key], p) {
 		wc.mu.Unlock()
 		return // already answered (granted)
 	}
 	p.deadline = deadline
-	answer := slices.Contains(p.ended, deadline)
-	wc.mu.Unlock()
-	if answer && wc.unpend(lock, p) {
-		wc.send(api.WSMessage{ID: p.id, Type: api.TypeError, Lock: lock,
-			Error: &api.Error{Code: api.CodeWaitTimeout, Message: "timed out waiting for lock " + lock}})
+	var end *endedWait
+	for i := range p.ended {
+		if slices.Contains(p.ended[i].deadlines, deadline) {
+			end = &p.ended[i]
+			break
+		}
 	}
+	p.ended = nil
+	wc.mu.Unlock()
+	if end != nil && wc.unpend(key, p) {
+		wc.send(waitEndedReply(p.id, key, end.reason))
+	}
+}
+
+// waitEndedReply answers acquire id, pending under key (a lock or a
+// multiKey), whose wait ended ungranted for reason.
+func waitEndedReply(id uint64, key, reason string) api.WSMessage {
+	names := strings.Split(key, "\x00")
+	what := "lock " + names[0]
+	if len(names) > 1 {
+		what = "locks " + strings.Join(names, ", ")
+	}
+	code, msg := api.CodeWaitTimeout, "timed out waiting for "+what
+	switch reason {
+	case locktable.ReasonSessionExpired:
+		code, msg = api.CodeSessionExpired, "the session ended while waiting for "+what
+	case locktable.ReasonCancelled:
+		code, msg = api.CodeCancelled, "the wait for "+what+" was withdrawn (cancel)"
+	}
+	return api.WSMessage{ID: id, Type: api.TypeError, Lock: names[0], Error: &api.Error{Code: code, Message: msg}}
 }
 
 func (wc *wsConn) release(req api.WSRequest) error {
@@ -893,6 +943,25 @@ func (wc *wsConn) pushLoop() {
 
 func (wc *wsConn) push(ev locktable.Event) {
 	switch ev.Kind {
+	case locktable.EvQueued:
+		// A wait was queued, or joined by a retry that gave it its own
+		// deadline: remember it as one of the wait's (see pendingAcquire).
+		// A multi-acquire's step has one event per lock; count it once.
+		key := ev.Lock
+		if len(ev.Locks) > 0 {
+			if ev.Lock != ev.Locks[0] {
+				return
+			}
+			key = multiKey(ev.Locks)
+		}
+		wc.mu.Lock()
+		// A try while queued gives no new deadline: the chain grows only
+		// with retries that moved it, each of which has its own pending
+		// acquire.
+		if ds := wc.waits[key]; len(ds) == 0 || ds[len(ds)-1] != ev.Deadline {
+			wc.waits[key] = append(ds, ev.Deadline)
+		}
+		wc.mu.Unlock()
 	case locktable.EvGranted:
 		if len(ev.Locks) > 0 {
 			wc.pushMulti(ev)
@@ -903,6 +972,7 @@ func (wc *wsConn) push(ev locktable.Event) {
 		wc.mu.Lock()
 		ps := wc.pending[ev.Lock]
 		delete(wc.pending, ev.Lock)
+		delete(wc.waits, ev.Lock)
 		wc.mu.Unlock()
 		if len(ps) == 0 {
 			return // nobody on this connection asked (a re-grant already answered)
@@ -922,21 +992,25 @@ func (wc *wsConn) push(ev locktable.Event) {
 		}
 		wc.send(api.WSMessage{Type: api.TypeLost, Lock: ev.Lock, FencingToken: ev.Token, Reason: reason})
 	case locktable.EvWaitEnded:
-		// Only the end of an acquire's own wait answers it; see
-		// pendingAcquire.
-		key, what := ev.Lock, "lock "+ev.Lock
+		// The end of a wait answers every acquire that joined it, and only
+		// those; see pendingAcquire. (A multi-acquire's step has one event
+		// per lock: the first takes the wait's deadlines, the others find
+		// only their own, which answer nobody new.)
+		key := ev.Lock
 		if len(ev.Locks) > 0 {
-			key, what = multiKey(ev.Locks), "locks "+strings.Join(ev.Locks, ", ")
+			key = multiKey(ev.Locks)
 		}
 		var ended []*pendingAcquire
 		wc.mu.Lock()
+		end := endedWait{deadlines: append(wc.waits[key], ev.Deadline), reason: ev.Reason}
+		delete(wc.waits, key)
 		kept := wc.pending[key][:0]
 		for _, p := range wc.pending[key] {
 			switch {
 			case p.deadline == 0:
-				p.ended = append(p.ended, ev.Deadline) // queued decides once the deadline is known
+				p.ended = append(p.ended, end) // queued decides once the deadline is known
 				kept = append(kept, p)
-			case p.deadline == ev.Deadline:
+			case slices.Contains(end.deadlines, p.deadline):
 				ended = append(ended, p)
 			default:
 				kept = append(kept, p)
@@ -948,15 +1022,8 @@ func (wc *wsConn) push(ev locktable.Event) {
 			wc.pending[key] = kept
 		}
 		wc.mu.Unlock()
-		code, msg := api.CodeWaitTimeout, "timed out waiting for "+what
-		switch ev.Reason {
-		case locktable.ReasonSessionExpired:
-			code, msg = api.CodeSessionExpired, "the session ended while waiting for "+what
-		case locktable.ReasonCancelled:
-			code, msg = api.CodeCancelled, "the wait for "+what+" was withdrawn (cancel)"
-		}
 		for _, p := range ended {
-			wc.send(api.WSMessage{ID: p.id, Type: api.TypeError, Lock: ev.Lock, Error: &api.Error{Code: code, Message: msg}})
+			wc.send(waitEndedReply(p.id, key, ev.Reason))
 		}
 	case locktable.EvSessionEnded:
 		wc.send(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: api.CodeSessionExpired,
@@ -981,6 +1048,7 @@ func (wc *wsConn) pushMulti(ev locktable.Event) {
 	if len(done) > 0 {
 		delete(wc.pending, key) // they complete together: same client, same locks
 	}
+	delete(wc.waits, key)
 	wc.mu.Unlock()
 	for _, p := range done {
 		gs := make([]locktable.Grant, len(ev.Locks))
@@ -995,9 +1063,10 @@ func (wc *wsConn) pushMulti(ev locktable.Event) {
 // watch starts a watch on one lock or on every lock under a prefix (SPEC
 // "Watches"): the reply names it, then one changed frame per lock with
 // state (for one lock: exactly one, free or not), then one per committed
-// change in log order. Requests are served on their lock's lane, so a
-// watch of one lock is in place before anything sent after it on that
-// lock takes effect.
+// change in log order, and after the initial frames a synced frame naming
+// the index they are as of (every later frame is above it). Requests are
+// served on their lock's lane, so a watch of one lock is in place before
+// anything sent after it on that lock takes effect.
 func (wc *wsConn) watch(req api.WSRequest) error {
 	if (req.Lock == "") == (req.Prefix == nil) {
 		return invalid("watch names either lock or prefix")
@@ -1024,7 +1093,7 @@ func (wc *wsConn) watch(req api.WSRequest) error {
 		return &apiError{code: api.CodeResourceExhausted, msg: fmt.Sprintf("this connection has %d watches, the limit", maxWatchesPerConn)}
 	}
 	// Watch before reading the initial state: a change committed meanwhile
-	// is in the buffer, and dropped below if the state read shows it.
+	// is in the buffer, and dropped below if the state read reflects it.
 	var err error
 	if req.Prefix != nil {
 		w, err = wc.h.startWatch(func() *notify.Watch { return wc.h.b.WatchPrefix(*req.Prefix, watchBuffer) })
@@ -1055,47 +1124,113 @@ func (wc *wsConn) watch(req api.WSRequest) error {
 		return err
 	}
 	wc.send(api.WSMessage{ID: req.ID, Type: api.TypeOK, WatchID: id})
-	seen := wc.initialState(id, req)
+	pic := wc.initialState(id, req)
+	synced := pic.oneIndex()
+	if synced {
+		wc.sendSynced(id, w, pic.index())
+	} else {
+		// Pages read at different indexes: the changes of earlier pages'
+		// locks up to the last page's index are still to be sent (forward
+		// does), and may still be on their way from the apply loop.
+		w.SyncAt(pic.index())
+	}
 	wc.work.Add(1)
-	go wc.forward(id, w, seen)
+	go wc.forward(id, w, pic, synced)
 	return nil
 }
 
+// watchPage is how many locks one read of a prefix watch's initial state
+// takes (the table is read in pages, so a big prefix never holds up the
+// apply loop for long); tests lower it.
+var watchPage = api.DefaultListLimit
+
+// picture is what a watch's initial frames showed: the watched locks read
+// in pages of names, each page at the index of its own read (the table's
+// LastChange then: every lock's state as of that index). A lock not listed
+// had no state (was free) as of its page's index.
+type picture struct {
+	upTo []string // the last name of every page but the last, rising
+	at   []uint64 // per page, the index it was read at (one more than upTo)
+}
+
+// indexOf is the index the picture showed lock name at: changes of it at
+// or below are in the picture.
+func (p *picture) indexOf(name string) uint64 {
+	i, _ := slices.BinarySearch(p.upTo, name)
+	return p.at[i]
+}
+
+// index is the index the whole picture is as of, once the changes of its
+// earlier pages up to it were sent: the last page's (indexes only rise).
+func (p *picture) index() uint64 { return slices.Max(p.at) }
+
+// oneIndex reports whether every page was read at the same index.
+func (p *picture) oneIndex() bool { return slices.Min(p.at) == p.index() }
+
 // initialState sends the watched locks' current statuses and returns the
-// index each was read at.
-func (wc *wsConn) initialState(id uint64, req api.WSRequest) map[string]uint64 {
-	seen := map[string]uint64{}
+// picture they make.
+func (wc *wsConn) initialState(id uint64, req api.WSRequest) *picture {
+	pic := &picture{}
 	send := func(li locktable.LockInfo) {
-		seen[li.Name] = li.Index
 		st := statusOf(li)
 		wc.send(api.WSMessage{Type: api.TypeChanged, WatchID: id, Lock: li.Name, Index: li.Index, Status: &st})
 	}
 	if req.Prefix == nil {
 		var li locktable.LockInfo
-		wc.h.b.View(func(t *locktable.Table) { li = t.Get(req.Lock) })
+		wc.h.b.View(func(t *locktable.Table) { li, pic.at = t.Get(req.Lock), []uint64{t.LastChange()} })
 		send(li)
-		return seen
+		return pic
 	}
 	after := ""
-	for wc.ctx.Err() == nil {
+	for {
 		var page []locktable.LockInfo
 		var next string
-		wc.h.b.View(func(t *locktable.Table) { page, next = t.ListPage(*req.Prefix, after, api.DefaultListLimit) })
+		var at uint64
+		wc.h.b.View(func(t *locktable.Table) {
+			page, next = t.ListPage(*req.Prefix, after, watchPage)
+			at = t.LastChange()
+		})
+		pic.at = append(pic.at, at)
 		for _, li := range page {
 			send(li)
 		}
-		if next == "" {
-			break
+		if next == "" || wc.ctx.Err() != nil {
+			return pic
 		}
+		pic.upTo = append(pic.upTo, next)
 		after = next
 	}
-	return seen
+}
+
+// sendSynced tells the client that watch id's initial frames are complete
+// as of index, if the watch is still w (as sendIfWatching), and reports
+// whether it was. index is always present, even 0 (a table nothing
+// changed yet).
+func (wc *wsConn) sendSynced(id uint64, w *notify.Watch, index uint64) bool {
+	b, _ := json.Marshal(struct {
+		Type    string `json:"type"`
+		WatchID uint64 `json:"watch_id"`
+		Index   uint64 `json:"index"`
+	}{api.TypeSynced, id, index})
+	wc.mu.Lock()
+	defer wc.mu.Unlock()
+	if wc.watches[id] != w {
+		return false
+	}
+	wc.w.send(b)
+	return true
 }
 
 // forward sends a watch's changes until it is unwatched or the connection
-// ends. Per lock, indexes only rise: a change the initial state already
-// showed is dropped.
-func (wc *wsConn) forward(id uint64, w *notify.Watch, seen map[string]uint64) {
+// ends: those above what the initial picture showed of their lock, so per
+// lock indexes only rise, and nothing older than the picture comes after
+// it. Until the synced frame is out (synced false), the changes of the
+// picture's earlier pages up to its index complete it; synced goes out
+// when the watch's Synced mark comes (every such change was handed over),
+// or before the first change above the picture's index. A watch that
+// dropped changes before it was synced is told to resync instead, and is
+// never said to be synced.
+func (wc *wsConn) forward(id uint64, w *notify.Watch, pic *picture, synced bool) {
 	defer wc.work.Done()
 	behind := false
 	var caughtUp <-chan struct{} // set while behind
@@ -1110,15 +1245,30 @@ func (wc *wsConn) forward(id uint64, w *notify.Watch, seen map[string]uint64) {
 			if !ok {
 				return
 			}
+			if ch.Synced {
+				if !synced && !behind && !wc.sendSynced(id, w, pic.index()) {
+					return
+				}
+				synced = true
+				continue
+			}
 			if behind {
 				continue
 			}
 			name := ch.Status.Name
-			if at, ok := seen[name]; ok {
-				if ch.Status.Index <= at {
-					continue
+			if ch.Status.Index != ch.Index {
+				// The entry named the lock without changing it (a try by a
+				// client already waiting): its status is one already shown.
+				continue
+			}
+			if ch.Index <= pic.indexOf(name) {
+				continue // the picture showed it, or a later state
+			}
+			if !synced {
+				if ch.Index > pic.index() && !wc.sendSynced(id, w, pic.index()) {
+					return
 				}
-				delete(seen, name) // every later change is above it
+				synced = ch.Index > pic.index()
 			}
 			sent, watching := wc.sendChangeIfWatching(id, w, ch)
 			if !watching {
@@ -1126,10 +1276,11 @@ func (wc *wsConn) forward(id uint64, w *notify.Watch, seen map[string]uint64) {
 			}
 			if !sent {
 				// Dropped: the client re-reads after the resync, sent once it
-				// has read what is queued.
-				behind, caughtUp = true, wc.w.caughtUp()
+				// has read what is queued; a resync takes synced's place.
+				behind, caughtUp, synced = true, wc.w.caughtUp(), true
 			}
 		case <-w.Resync():
+			synced = true // a resync takes its place
 			if !wc.sendIfWatching(id, w, api.WSMessage{Type: api.TypeResync, WatchID: id}) {
 				return
 			}

@@ -51,6 +51,9 @@ type Sub struct {
 	ready chan struct{}     // signalled when q becomes non-empty
 	done  chan struct{}
 	err   error
+	// queuedOf: also told the acquires queued through this session
+	// (TellQueued); under hub.mu.
+	queuedOf string
 }
 
 // Subscribe returns a subscription to the events about clientID that a
@@ -79,6 +82,19 @@ func (s *Sub) Take() []locktable.Event {
 	q := s.q
 	s.q = nil
 	return q
+}
+
+// TellQueued makes the subscription also told of the acquires queued
+// through session (EvQueued: a new wait, or a retry that joined one and
+// gave it its deadline), in log order with the rest. A WebSocket
+// connection, which carries the session, learns from them which of its
+// requests are one wait. Only that session's: each such event comes of a
+// request of the session's own, so a burst costs what the burst of
+// requests did.
+func (s *Sub) TellQueued(session string) {
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	s.queuedOf = session
 }
 
 // Done is closed when the subscription ends; Err says why.
@@ -117,7 +133,8 @@ func (h *Hub) endLocked(s *Sub, err error) {
 // told reports whether a waiting client is told of events of this kind:
 // the others (queued, renewed, released, values, delays, session starts)
 // answer nobody's wait, and a burst of queued acquires would only fill
-// every subscriber's queue.
+// every subscriber's queue (a subscription asks for its own session's
+// queued acquires with TellQueued).
 func told(k locktable.EventKind) bool {
 	switch k {
 	case locktable.EvGranted, locktable.EvLost, locktable.EvWaitEnded, locktable.EvSessionEnded:
@@ -135,11 +152,17 @@ func (h *Hub) Publish(events []locktable.Event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, ev := range events {
-		if !told(ev.Kind) {
-			continue
-		}
-		for s := range h.subs[ev.ClientID] {
-			h.deliverLocked(s, ev)
+		switch {
+		case told(ev.Kind):
+			for s := range h.subs[ev.ClientID] {
+				h.deliverLocked(s, ev)
+			}
+		case ev.Kind == locktable.EvQueued && ev.SessionID != "":
+			for s := range h.subs[ev.ClientID] {
+				if s.queuedOf == ev.SessionID {
+					h.deliverLocked(s, ev)
+				}
+			}
 		}
 	}
 }

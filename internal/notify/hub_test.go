@@ -78,3 +78,28 @@ func TestResetEndsEverySubscription(t *testing.T) {
 	a.Close() // closing an ended subscription is harmless
 	h.Publish([]locktable.Event{{ClientID: "a"}})
 }
+
+// TellQueued: a subscription that asks for its session's queued acquires
+// gets them, in log order with the rest; other subscriptions of the client
+// and other sessions' queued acquires do not reach it.
+func TestTellQueuedIsOneSessions(t *testing.T) {
+	h := NewHub()
+	ws, other := h.Subscribe("a"), h.Subscribe("a")
+	defer ws.Close()
+	defer other.Close()
+	ws.TellQueued("s1")
+	h.Publish([]locktable.Event{
+		{Kind: locktable.EvQueued, ClientID: "a", SessionID: "s1", Lock: "x", Deadline: 1},
+		{Kind: locktable.EvQueued, ClientID: "a", SessionID: "s2", Lock: "x", Deadline: 2},
+		{Kind: locktable.EvQueued, ClientID: "a", Lock: "x", Deadline: 3},
+		{Kind: locktable.EvWaitEnded, ClientID: "a", SessionID: "s1", Lock: "x", Deadline: 1},
+	})
+	<-ws.Ready()
+	if evs := ws.Take(); len(evs) != 2 || evs[0].Kind != locktable.EvQueued || evs[0].Deadline != 1 || evs[1].Kind != locktable.EvWaitEnded {
+		t.Fatalf("the session's subscription got %+v", evs)
+	}
+	<-other.Ready()
+	if evs := other.Take(); len(evs) != 1 || evs[0].Kind != locktable.EvWaitEnded {
+		t.Fatalf("another subscription of the client got %+v", evs)
+	}
+}

@@ -22,6 +22,11 @@ type Watches struct {
 	byLock   map[string]map[*Watch]struct{}
 	prefixes map[*Watch]struct{}
 	count    int
+	// published: the changes of every entry up to this index have been
+	// handed to their watchers (Advance); syncing: watches waiting for a
+	// Synced mark (SyncAt).
+	published uint64
+	syncing   map[*Watch]struct{}
 	// onCount is told the number of watchers whenever it changes between
 	// zero and non-zero (the state machine adapter records statuses only
 	// while someone watches).
@@ -30,15 +35,20 @@ type Watches struct {
 
 // NewWatches returns an empty set; onCount may be nil.
 func NewWatches(onCount func(watching bool)) *Watches {
-	return &Watches{byLock: map[string]map[*Watch]struct{}{}, prefixes: map[*Watch]struct{}{}, onCount: onCount}
+	return &Watches{byLock: map[string]map[*Watch]struct{}{}, prefixes: map[*Watch]struct{}{},
+		syncing: map[*Watch]struct{}{}, onCount: onCount}
 }
 
 // Change is one committed change of a lock's status: the status right
 // after the entry at Index applied. Every watcher and parked query it
 // reaches shares it (read only), and its encoding: Encoded makes it once.
+//
+// Or, with Synced set, the mark a watch asked for with SyncAt: every change
+// at or below Index was handed to the watch before it (Status is empty).
 type Change struct {
 	Index  uint64
 	Status locktable.LockInfo
+	Synced bool
 
 	once sync.Once
 	enc  []byte
@@ -63,6 +73,7 @@ type Watch struct {
 	c      chan *Change // pointers: a buffer costs 8 bytes a slot, and a change fans out uncopied
 	resync chan struct{}
 	closed bool
+	syncAt uint64 // the index of the Synced mark it waits for (0: none)
 }
 
 // C delivers the changes; they are shared by every watcher: read only.
@@ -133,7 +144,49 @@ func (w *Watch) Close() {
 	} else {
 		delete(ws.prefixes, w)
 	}
+	delete(ws.syncing, w)
 	ws.addLocked(-1)
+}
+
+// SyncAt asks for a Synced mark on C once the changes of every entry up to
+// index have been handed to the watch, after them: at once if they have
+// been. A watcher that read the state in pieces, each at its own index,
+// learns from it when every change up to the last piece's index is in its
+// hands. If the mark does not fit the buffer, the watch is flagged for a
+// resync instead.
+func (w *Watch) SyncAt(index uint64) {
+	ws := w.ws
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if w.closed {
+		return
+	}
+	if ws.published >= index {
+		w.deliver(&Change{Index: index, Synced: true})
+		return
+	}
+	w.syncAt = index
+	ws.syncing[w] = struct{}{}
+}
+
+// Advance records that the changes of every entry up to index have been
+// published (the one goroutine that follows the log calls it after each
+// entry's Publish, whether or not the entry changed a watched lock), and
+// hands out the Synced marks that were waiting for it.
+func (ws *Watches) Advance(index uint64) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if index <= ws.published {
+		return
+	}
+	ws.published = index
+	for w := range ws.syncing {
+		if w.syncAt <= index {
+			w.deliver(&Change{Index: w.syncAt, Synced: true})
+			w.syncAt = 0
+			delete(ws.syncing, w)
+		}
+	}
 }
 
 // Watching reports whether anyone watches.

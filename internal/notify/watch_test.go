@@ -59,3 +59,62 @@ func TestWatchesDeliverFilterAndResync(t *testing.T) {
 	}
 	ws.Publish([]Change{change("a", 6)}) // nobody watches: nothing to do
 }
+
+// TestSyncAtMarksWhatWasPublished: a Synced mark comes after every change
+// of the entries up to its index — at once when they were published
+// already, else with the Advance that reaches it (also one past it) — and
+// never for a closed watch; a mark that does not fit flags a resync.
+func TestSyncAtMarksWhatWasPublished(t *testing.T) {
+	ws := NewWatches(nil)
+	p := ws.WatchPrefix("", 8)
+	ws.Publish([]Change{change("a", 3)})
+	ws.Advance(3)
+	p.SyncAt(3)
+	if c := <-p.C(); c.Synced || c.Index != 3 {
+		t.Fatalf("first %+v, want the change at 3", c)
+	}
+	if c := <-p.C(); !c.Synced || c.Index != 3 {
+		t.Fatalf("want the mark at 3 at once, got %+v", c)
+	}
+	// A mark ahead of what was published waits for it.
+	p.SyncAt(5)
+	ws.Publish([]Change{change("b", 4)})
+	ws.Advance(4)
+	if c := <-p.C(); c.Synced || c.Index != 4 {
+		t.Fatalf("got %+v, want the change at 4", c)
+	}
+	if n := len(p.C()); n != 0 {
+		t.Fatalf("the mark came before index 5 was published (%d queued)", n)
+	}
+	ws.Publish([]Change{change("c", 6)})
+	ws.Advance(6) // an index past the mark's (5 changed no watched lock) also reaches it
+	if c := <-p.C(); c.Synced || c.Index != 6 {
+		t.Fatalf("got %+v, want the change at 6", c)
+	}
+	if c := <-p.C(); !c.Synced || c.Index != 5 {
+		t.Fatalf("got %+v, want the mark at 5", c)
+	}
+	ws.Advance(7)
+	if n := len(p.C()); n != 0 {
+		t.Fatalf("a mark came twice (%d queued)", n)
+	}
+	// A closed watch gets no mark; a full buffer flags a resync instead.
+	q := ws.WatchLock("a", 1)
+	q.SyncAt(9)
+	q.Close()
+	ws.Advance(9)
+	if n := len(q.C()); n != 0 {
+		t.Fatal("a closed watch got its mark")
+	}
+	r := ws.WatchLock("a", 1)
+	ws.Publish([]Change{change("a", 10)})
+	ws.Advance(10)
+	r.SyncAt(10)
+	select {
+	case <-r.Resync():
+	default:
+		t.Fatal("a mark that did not fit flagged no resync")
+	}
+	p.Close()
+	r.Close()
+}

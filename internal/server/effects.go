@@ -3,7 +3,6 @@ package server
 import (
 	"sync"
 
-	"github.com/lockd/lockd/internal/locktable"
 	"github.com/lockd/lockd/internal/notify"
 	"github.com/lockd/lockd/internal/raftnode"
 )
@@ -76,29 +75,20 @@ func (s *Server) applyEffect(ef raftnode.Effect) {
 }
 
 // publishChanges hands watchers the status of every lock the entry
-// changed. The apply loop records those statuses while anyone watches; an
-// entry applied just before the first watcher arrived has none, and its
-// changes are read now instead (a later state, whose index says so).
+// changed, as the apply loop recorded it right after the entry. An entry
+// applied while nobody watched has none recorded, and nothing to hand on:
+// every watcher there is now registered after it applied, and reads its
+// first picture after registering, so the picture shows it. (Reading the
+// status now instead would show a later state, at the index of a later
+// entry, whose own change then came a second time.)
 func (s *Server) publishChanges(ef raftnode.Effect) {
-	if !s.watches.Watching() {
+	defer s.watches.Advance(ef.Index)
+	if ef.Changed == nil || !s.watches.Watching() {
 		return
 	}
 	changes := make([]notify.Change, 0, len(ef.Changed))
-	if ef.Changed != nil {
-		for _, li := range ef.Changed {
-			changes = append(changes, notify.Change{Index: ef.Index, Status: li})
-		}
-	} else {
-		seen := map[string]bool{}
-		s.node.View(func(t *locktable.Table) {
-			for _, ev := range ef.Events {
-				if ev.Lock != "" && !seen[ev.Lock] && s.watches.Interested(ev.Lock) {
-					seen[ev.Lock] = true
-					li := t.Get(ev.Lock)
-					changes = append(changes, notify.Change{Index: li.Index, Status: li})
-				}
-			}
-		})
+	for _, li := range ef.Changed {
+		changes = append(changes, notify.Change{Index: ef.Index, Status: li})
 	}
 	s.watches.Publish(changes)
 }

@@ -330,3 +330,152 @@ func TestManyWatchersCost(t *testing.T) {
 		t.Errorf("idle watchers burn %.0f%% of a core", 100*idleCPU)
 	}
 }
+
+// TestWatchesStartedWhileThePrefixChurns: prefix watches started one after
+// another while writers take and free locks under the prefix. Each watch's
+// initial frames end with one synced frame at index N; none of them is
+// above N, every later frame is above it, a lock's frames rise, and the
+// last frame of each lock matches the replicated state. (A change
+// committed between a watch's registration and its first read went out
+// after the picture, older than it: a lock taken and freed meanwhile was
+// shown held.)
+func TestWatchesStartedWhileThePrefixChurns(t *testing.T) {
+	c := testutil.NewCluster(t, 1, testutil.Options{})
+	l := c.WaitLeader(10 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, _, err := websocket.Dial(ctx, strings.Replace(l.URL(), "http", "ws", 1)+"/api/v1/ws", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseNow()
+	conn.SetReadLimit(1 << 20)
+	send := func(v any) {
+		b, _ := json.Marshal(v)
+		if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func() api.WSMessage {
+		_, b, err := conn.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m api.WSMessage
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	prefix := "churn/"
+	send(map[string]any{"id": 1, "op": "hello", "client_id": "watcher", "session_ttl_ms": 120000})
+	if m := read(); m.Type != api.TypeHello {
+		t.Fatalf("hello: %+v", m)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				name := fmt.Sprintf("%sl%d", prefix, (w*7+i)%6)
+				a := testutil.Post(lockURL(l, name, "acquire"), map[string]any{"client_id": fmt.Sprintf("w%d", w), "ttl_ms": 30000})
+				if a.Status == 200 {
+					testutil.Post(lockURL(l, name, "release"), map[string]any{"client_id": fmt.Sprintf("w%d", w), "fencing_token": a.Uint("fencing_token")})
+				}
+			}
+		}()
+	}
+	type state struct {
+		synced  bool
+		at      uint64
+		last    map[string]uint64
+		held    map[string]bool
+		changes int
+	}
+	watches := map[uint64]*state{}
+	byReq := map[uint64]uint64{}
+	const rounds = 15
+	for r := range rounds {
+		send(map[string]any{"id": 10 + r, "op": "watch", "prefix": prefix})
+		// Read until this watch is synced and has seen a few changes.
+		for {
+			m := read()
+			switch m.Type {
+			case api.TypeOK:
+				byReq[m.ID] = m.WatchID
+				watches[m.WatchID] = &state{last: map[string]uint64{}, held: map[string]bool{}}
+				continue
+			case api.TypeResync:
+				t.Fatalf("resync with a reader that keeps up")
+			case api.TypeError:
+				t.Fatalf("%+v", m)
+			}
+			s := watches[m.WatchID]
+			if s == nil {
+				t.Fatalf("frame of an unknown watch: %+v", m)
+			}
+			switch m.Type {
+			case api.TypeSynced:
+				if s.synced {
+					t.Fatalf("watch %d synced twice", m.WatchID)
+				}
+				for name, i := range s.last {
+					if i > m.Index {
+						t.Fatalf("watch %d: %s's initial frame at %d, above synced %d", m.WatchID, name, i, m.Index)
+					}
+				}
+				s.synced, s.at = true, m.Index
+			case api.TypeChanged:
+				if m.Index <= s.last[m.Lock] {
+					t.Fatalf("watch %d: %s at %d after %d", m.WatchID, m.Lock, m.Index, s.last[m.Lock])
+				}
+				if s.synced && m.Index <= s.at {
+					t.Fatalf("watch %d: %s at %d after synced at %d", m.WatchID, m.Lock, m.Index, s.at)
+				}
+				if m.Status == nil || m.Status.Index != m.Index {
+					t.Fatalf("changed frame without its status: %+v", m)
+				}
+				s.last[m.Lock], s.held[m.Lock] = m.Index, m.Status.Held
+				if s.synced {
+					s.changes++
+				}
+			}
+			if cur := watches[byReq[uint64(10+r)]]; cur != nil && cur.synced && cur.changes >= 3 {
+				break
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	// Read until every watch has shown each lock as the state has it: what
+	// a watch still lacks is on its way.
+	for {
+		settled := ""
+		for id, s := range watches {
+			for name := range s.held {
+				st := testutil.Get(lockURL(l, name, ""))
+				if st.Body["held"] != s.held[name] || (s.held[name] && st.Uint("index") != s.last[name]) {
+					settled = fmt.Sprintf("watch %d: %s last seen held=%v at %d, state %s", id, name, s.held[name], s.last[name], st.Raw)
+				}
+			}
+		}
+		if settled == "" {
+			return
+		}
+		t.Log(settled)
+		m := read()
+		if s := watches[m.WatchID]; s != nil && m.Type == api.TypeChanged {
+			if m.Index <= s.last[m.Lock] || m.Index <= s.at {
+				t.Fatalf("watch %d: %s at %d after %d (synced %d)", m.WatchID, m.Lock, m.Index, s.last[m.Lock], s.at)
+			}
+			s.last[m.Lock], s.held[m.Lock] = m.Index, m.Status.Held
+		}
+	}
+}

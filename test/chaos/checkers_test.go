@@ -74,6 +74,11 @@ type Report struct {
 	FinalChecked     int // (watch, lock) pairs whose last frame was compared with the final replicated state
 	FinalSkipped     int // of them, locks that changed after the final state was read
 	BlockingChecked  int // blocking queries checked for an early, late or missing answer
+	// Retried WebSocket waits and synced watches (retrywatch_checkers_test.go).
+	RetryRounds      int // retry rounds whose retry the wait's end answered
+	WatchesSynced    int // watches whose synced frame came
+	SyncedFrames     int // frames after a synced frame, checked to be above it
+	PicturesCompared int // (synced watch, lock) pairs whose picture was compared with every other observation
 	LinPartitions    int
 	LinOps           int
 	LinResult        porcupine.CheckResult
@@ -316,6 +321,7 @@ func Check(h History, opts CheckOptions) *Report {
 	checkMembers(h, r, v)
 	checkKindsLiveness(h, gs, r, v)
 	checkElections(fwd, r, v)
+	checkRetriedWaits(eh, r, v)
 	r.Violations, r.Counts = v.list, v.count
 	return r
 }

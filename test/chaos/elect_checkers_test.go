@@ -141,6 +141,7 @@ func checkElections(h History, r *Report, v *violations) {
 	checkWatchGaps(h, watches, r, v)
 	checkWatchTokens(h, r, v)
 	checkWatchFinal(h, watches, r, v)
+	checkWatchSynced(h, watches, r, v)
 	checkBlocking(h, r, v)
 }
 

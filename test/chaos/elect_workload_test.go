@@ -516,10 +516,14 @@ func (w *Workload) clientResign(ctx context.Context, name, cid string, e *client
 
 // ---- observers ----
 
-// frameOp records a changed or resync frame of connection cid.
+// frameOp records a changed, synced or resync frame of connection cid.
 func (w *Workload) frameOp(worker, cid string, m api.WSMessage, at int64) Op {
-	if m.Type == api.TypeResync {
+	switch m.Type {
+	case api.TypeResync:
 		return w.rec.Add(Op{Worker: worker, Via: "ws", Kind: KindResync, ClientID: cid, WatchID: m.WatchID, Invoke: at, Return: at, Outcome: Ok})
+	case api.TypeSynced:
+		return w.rec.Add(Op{Worker: worker, Via: "ws", Kind: KindSynced, ClientID: cid, WatchID: m.WatchID, Index: m.Index,
+			Invoke: at, Return: at, Outcome: Ok})
 	}
 	op := Op{Worker: worker, Via: "ws", Kind: KindChanged, ClientID: cid, WatchID: m.WatchID, Lock: m.Lock, Invoke: at, Return: at, Outcome: Ok}
 	if m.Status == nil {

@@ -68,6 +68,10 @@ const (
 	// KindResync is a resync frame (WatchID): changes were dropped, the
 	// watcher re-reads.
 	KindResync OpKind = "resync"
+	// KindSynced is a synced frame (WatchID, Index): the watch's initial
+	// frames read before it are the state of what it follows as of Index,
+	// and every later frame is above it.
+	KindSynced OpKind = "synced"
 	// KindFinal is a lock's status in the replicated state after the run
 	// quiesced: every member agreed on it at one applied index (Index: the
 	// lock's; absent locks were free).

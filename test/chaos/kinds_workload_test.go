@@ -474,7 +474,7 @@ type kwsClient struct {
 	loops  sync.WaitGroup
 
 	// sid is the connection's session (from hello). onPush, when set, gets
-	// every changed and resync frame, in the order they were read.
+	// every changed, synced and resync frame, in the order they were read.
 	sid    string
 	onPush func(m api.WSMessage, at int64)
 }
@@ -597,7 +597,7 @@ func (c *kwsClient) readLoop() {
 			if ch != nil {
 				ch <- m
 			}
-		case m.Type == api.TypeChanged || m.Type == api.TypeResync:
+		case m.Type == api.TypeChanged || m.Type == api.TypeResync || m.Type == api.TypeSynced:
 			if c.onPush != nil {
 				c.onPush(m, c.w.rec.Now())
 			}

@@ -25,6 +25,7 @@ var livenessCheckers = map[string]bool{
 	"revoke-told":  true, // a revoked WebSocket holder is pushed lost (reason revoked) while its connection lives
 	"watch-live":   true, // a watcher that stays connected shows each watched lock's final state within a bound
 	"blocking":     true, // a blocking query answers when a change above its index commits, or when its wait ends
+	"ws-answer":    true, // a WebSocket acquire that joined a wait is answered when the wait ends, while its connection lives
 }
 
 // electionTimeout is the members' election timeout: the grace a new leader

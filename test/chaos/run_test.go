@@ -53,14 +53,16 @@ func TestChaos(t *testing.T) {
 			Workload: WorkloadOptions{HTTPWorkers: 5, ClientWorkers: 2, Readers: 2, FIFO: true, Keeper: true,
 				Hasty: 2, Cancellers: 1, Scenarios: true, Probe: true,
 				KindsHTTP: 2, KindsWS: 2, DelayRounds: true, Revoker: true,
-				ElectWS: 2, ElectHTTP: 1, ElectClient: 1, PrefixWatchers: 2, LockWatchers: 1, Blockers: 2, ClientObserver: true}}
+				ElectWS: 2, ElectHTTP: 1, ElectClient: 1, PrefixWatchers: 2, LockWatchers: 1, Blockers: 2, ClientObserver: true,
+				WSRetry: 2, Churners: 2, ChurnWatchers: 2}}
 		t.Run(fmt.Sprintf("members=%d", members), func(t *testing.T) { runChaos(t, cfg) })
 		return
 	}
 	small := WorkloadOptions{HTTPWorkers: 3, ClientWorkers: 1, Readers: 2, FIFO: true, Keeper: true,
 		Hasty: 1, Cancellers: 1, Scenarios: true, Probe: true,
 		KindsHTTP: 1, KindsWS: 1, DelayRounds: true, Revoker: true,
-		ElectWS: 1, ElectHTTP: 1, ElectClient: 1, PrefixWatchers: 1, LockWatchers: 1, Blockers: 1, ClientObserver: true}
+		ElectWS: 1, ElectHTTP: 1, ElectClient: 1, PrefixWatchers: 1, LockWatchers: 1, Blockers: 1, ClientObserver: true,
+		WSRetry: 1, Churners: 2, ChurnWatchers: 1}
 	t.Run("members=3", func(t *testing.T) {
 		runChaos(t, runConfig{Members: 3, Duration: 30 * time.Second, Seed: seed, Workload: small, RestoreRounds: 3,
 			Faults: faultKinds([]string{FaultKillLeader, FaultPauseLeader, FaultPartition, FaultOneWayLeader,
@@ -276,7 +278,7 @@ func summarize(cfg runConfig, h History, rep *Report, nem *Nemesis, c *Cluster, 
 	}
 	fmt.Fprintf(&b, "operations: %d (http %d, go client %d, websocket %d, nemesis %d)\n", len(h.Ops), via["http"], via["client"], via["ws"], via["nemesis"])
 	for _, k := range []OpKind{KindAcquire, KindMulti, KindRelease, KindRenew, KindRevoke, KindValue, KindRead, KindFence, KindKeepalive, KindLost,
-		KindWatch, KindUnwatch, KindChanged, KindResync, KindFinal, KindWSClosed, KindMemberAdd, KindMemberExit, KindMemberPanic} {
+		KindWatch, KindUnwatch, KindChanged, KindSynced, KindResync, KindFinal, KindWSClosed, KindMemberAdd, KindMemberExit, KindMemberPanic} {
 		if c := byKind[k]; c != nil {
 			fmt.Fprintf(&b, "  %-12s ok %7d  refused %7d  unknown %6d\n", k, c.ok, c.fail, c.unknown)
 		}
@@ -294,6 +296,8 @@ func summarize(cfg runConfig, h History, rep *Report, nem *Nemesis, c *Cluster, 
 		rep.ExpiryChecked, electionTimeout(h), rep.ExpiryPast)
 	fmt.Fprintf(&b, "waiters: %d waits checked for a grant visible a second before they were told; Go client: %d grants' Lost() compared with the next grant\n",
 		rep.WaitsChecked, rep.LostChecked)
+	fmt.Fprintf(&b, "websocket: %d retry rounds with both acquires of one wait compared; %d synced watches, %d frames after synced checked, %d (watch, lock) pictures compared with every other observation\n",
+		rep.RetryRounds, rep.WatchesSynced, rep.SyncedFrames, rep.PicturesCompared)
 	fmt.Fprintf(&b, "restores: %d forced restores with grants on both sides; keepalives: %d sent to a paused leader; bad member additions: %d sent\n",
 		rep.RestoresChecked, rep.KeepalivesPaused, rep.MemberAdds)
 

@@ -57,6 +57,11 @@ type WorkloadOptions struct {
 	ElectWS, ElectHTTP, ElectClient        int
 	PrefixWatchers, LockWatchers, Blockers int
 	ClientObserver                         bool
+	// WSRetry raw WebSocket clients re-send a waiting acquire with a
+	// shorter wait; Churners HTTP clients take and free a few locks as
+	// fast as they can while ChurnWatchers raw WebSocket watchers start
+	// watch after watch of them (retrywatch_workload_test.go).
+	WSRetry, Churners, ChurnWatchers int
 	// ElectionTimeout is the members' election timeout (0: lockd's
 	// default): waits that must outlast an expiry are sized with it.
 	ElectionTimeout time.Duration
@@ -179,6 +184,18 @@ func (w *Workload) Run(ctx context.Context) {
 	}
 	if w.opts.Revoker {
 		spawn(w.revoker, 1300)
+	}
+	for i := 0; i < w.opts.WSRetry; i++ {
+		id := i
+		spawn(func(ctx context.Context, rng *rand.Rand) { w.wsRetryWorker(ctx, id, rng) }, uint64(2100+i))
+	}
+	for i := 0; i < w.opts.Churners; i++ {
+		id := i
+		spawn(func(ctx context.Context, rng *rand.Rand) { w.churner(ctx, id, rng) }, uint64(2200+i))
+	}
+	for i := 0; i < w.opts.ChurnWatchers; i++ {
+		id := i
+		spawn(func(ctx context.Context, rng *rand.Rand) { w.churnWatcher(ctx, id, rng) }, uint64(2300+i))
 	}
 	w.startElections(ctx, spawn)
 	wg.Wait()

@@ -754,9 +754,13 @@ func (s *scenario) websocketScenario(t *testing.T, worker, admin, reader string)
 	}
 	w.send(t, map[string]any{"id": 9, "op": "watch", "lock": "ws/a"})
 	wl := w.await(t, "watch ok", byID(9))
-	w.await(t, "the watched lock's first state", func(f frame) bool { return f.typ() == api.TypeChanged && f.num("watch_id") == wl.num("watch_id") })
+	first := w.await(t, "the watched lock's first state", func(f frame) bool { return f.typ() == api.TypeChanged && f.num("watch_id") == wl.num("watch_id") })
+	if f := w.await(t, "the watch synced", func(f frame) bool { return f.typ() == api.TypeSynced && f.num("watch_id") == wl.num("watch_id") }); f.num("index") < first.num("index") {
+		t.Errorf("synced at %v, below the first state's index %v", f.num("index"), first.num("index"))
+	}
 	w.send(t, map[string]any{"id": 10, "op": "watch", "prefix": "ws/"})
 	wp := w.await(t, "prefix watch ok", byID(10))
+	w.await(t, "the prefix watch synced", func(f frame) bool { return f.typ() == api.TypeSynced && f.num("watch_id") == wp.num("watch_id") })
 	w.send(t, map[string]any{"id": 11, "op": "release", "lock": "ws/held", "fencing_token": held.num("fencing_token")})
 	w.await(t, "release ok", byID(11))
 	w.await(t, "the release seen by the prefix watch", func(f frame) bool {
@@ -1276,7 +1280,7 @@ func (c *apiChecker) coverage(t *testing.T) {
 			missing("ws op " + op)
 		}
 	}
-	for _, typ := range []string{api.TypeHello, api.TypeGranted, api.TypeOK, api.TypeError, api.TypeLost, api.TypeChanged, api.TypeResync} {
+	for _, typ := range []string{api.TypeHello, api.TypeGranted, api.TypeOK, api.TypeError, api.TypeLost, api.TypeChanged, api.TypeSynced, api.TypeResync} {
 		if !c.wsTypes[typ] {
 			missing("ws type " + typ)
 		}
