@@ -1172,8 +1172,18 @@ func (p *picture) oneIndex() bool { return slices.Min(p.at) == p.index() }
 func (wc *wsConn) initialState(id uint64, req api.WSRequest) *picture {
 	pic := &picture{}
 	send := func(li locktable.LockInfo) {
-		st := statusOf(li)
-		wc.send(api.WSMessage{Type: api.TypeChanged, WatchID: id, Lock: li.Name, Index: li.Index, Status: &st})
+		// The picture must arrive whole, at the pace the client reads it:
+		// past the watchers' share of the connection's queue, it waits
+		// for the client instead of growing the queue (a prefix of a
+		// hundred thousand locks would pass the connection's bound).
+		for wc.w.backlog() >= watchBacklog && wc.ctx.Err() == nil {
+			select {
+			case <-wc.w.caughtUp():
+			case <-wc.ctx.Done():
+			}
+		}
+		status, _ := json.Marshal(statusOf(li))
+		wc.w.sendParts(0, changedHead(id, li.Name, li.Index), status, closeBrace)
 	}
 	if req.Prefix == nil {
 		var li locktable.LockInfo

@@ -233,8 +233,7 @@ func (wc *wsConn) sendIfWatching(id uint64, w *notify.Watch, m api.WSMessage) bo
 // is the change's one encoding, shared by every watcher it reaches.
 func (wc *wsConn) sendChangeIfWatching(id uint64, w *notify.Watch, ch *notify.Change) (sent, watching bool) {
 	status := ch.Encoded(encodeStatus)
-	name, _ := json.Marshal(ch.Status.Name)
-	head := fmt.Appendf(nil, `{"type":%q,"watch_id":%d,"lock":%s,"index":%d,"status":`, api.TypeChanged, id, name, ch.Status.Index)
+	head := changedHead(id, ch.Status.Name, ch.Status.Index)
 	wc.mu.Lock()
 	defer wc.mu.Unlock()
 	if wc.watches[id] != w {
@@ -244,6 +243,14 @@ func (wc *wsConn) sendChangeIfWatching(id uint64, w *notify.Watch, ch *notify.Ch
 }
 
 var closeBrace = []byte("}")
+
+// changedHead is a changed frame up to its status: the watch's own part of
+// it. index is always there, even 0 (a lock of a table nothing changed
+// yet).
+func changedHead(id uint64, lock string, index uint64) []byte {
+	name, _ := json.Marshal(lock)
+	return fmt.Appendf(nil, `{"type":%q,"watch_id":%d,"lock":%s,"index":%d,"status":`, api.TypeChanged, id, name, index)
+}
 
 // encodeStatus is a change's status as the API shows it, encoded once.
 func encodeStatus(ch *notify.Change) []byte {
