@@ -5,10 +5,13 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-ARG VERSION=dev
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/lockd ./cmd/lockd && \
-    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/lockctl ./cmd/lockctl && \
-    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/fencestore ./cmd/fencestore && \
+# The version comes from the build information (the commit of the .git
+# copied in: dev+<commit>, or the tag for a tagged commit); VERSION, when
+# given (--build-arg VERSION=v1.0.0), replaces it (internal/version).
+ARG VERSION=
+RUN for b in lockd lockctl fencestore; do \
+      CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/lockd/lockd/internal/version.stamp=${VERSION}" -o /out/$b ./cmd/$b || exit 1; \
+    done && \
     mkdir -p /empty-data
 
 FROM gcr.io/distroless/static-debian12:nonroot

@@ -41,6 +41,8 @@ type Config struct {
 	TLSCert  string
 	TLSKey   string
 	ClientCA string
+	// ShowVersion: print the version and exit (--version).
+	ShowVersion bool
 }
 
 // TLS reports whether fencestore serves HTTPS.
@@ -72,6 +74,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (Conf
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT, how long to let requests in flight finish")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate: serve HTTPS (with --tls-key); re-read on SIGHUP")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.BoolVar(&c.ShowVersion, "version", false, "print the version and exit")
 	fs.StringVar(&c.ClientCA, "client-ca", "", "PEM CA certificate(s): require client certificates signed by it (mTLS; needs --tls-cert); re-read on SIGHUP")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "Usage: fencestore [flags]\n\n"+
@@ -97,7 +100,10 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (Conf
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	set := map[string]bool{}
+	if c.ShowVersion {
+		return c, nil
+	}
+	set := map[string]bool{"version": true} // never from the environment
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {

@@ -42,6 +42,7 @@ import (
 
 	"github.com/lockd/lockd/fence"
 	"github.com/lockd/lockd/internal/tlsfiles"
+	"github.com/lockd/lockd/internal/version"
 )
 
 func main() {
@@ -57,6 +58,10 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "fencestore:", err)
 		return 2
+	}
+	if cfg.ShowVersion {
+		fmt.Fprintln(os.Stdout, "fencestore", version.String())
+		return 0
 	}
 	log := newLogger(cfg, stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

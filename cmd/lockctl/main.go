@@ -24,17 +24,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/lockd/lockd/client"
+	"github.com/lockd/lockd/internal/version"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = ""
 
 // Exit codes. run otherwise exits with the command's own code.
 const (
@@ -63,16 +60,6 @@ type globals struct {
 	cacert    string
 	cert      string
 	key       string
-}
-
-func versionString() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "dev"
 }
 
 // lockctl runs one command line and returns the exit code.
@@ -109,7 +96,7 @@ func (e *env) root() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "lockctl",
 		Short:         "command-line client of lockd, the distributed lock service",
-		Version:       versionString(),
+		Version:       version.String(),
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		// No command: the overview, on stderr (it is a mistake). An

@@ -24,10 +24,8 @@ import (
 	"github.com/lockd/lockd/internal/auth"
 	"github.com/lockd/lockd/internal/server"
 	"github.com/lockd/lockd/internal/tlsfiles"
+	"github.com/lockd/lockd/internal/version"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
@@ -104,7 +102,7 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	if *showVersion {
-		fmt.Fprintln(os.Stdout, "lockd", version)
+		fmt.Fprintln(os.Stdout, "lockd", version.String())
 		return 0
 	}
 	logger, err := newLogger(stderr, *logFormat, *logLevel)
@@ -161,7 +159,7 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 
-	cfg.Version = version
+	cfg.Version = version.String()
 	cfg.Registry = prometheus.NewRegistry()
 	if err := bridgeRaftMetrics(cfg.Registry); err != nil {
 		logger.Warn("raft metrics will not be exported", "err", err)

@@ -34,6 +34,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/lockd/lockd/internal/version"
 )
 
 func main() {
@@ -47,6 +49,9 @@ func main() {
 			os.Exit(diskMain(os.Args[2:]))
 		case "run":
 			os.Exit(benchMain(os.Args[2:]))
+		case "version", "-version", "--version":
+			fmt.Println("lockbench", version.String())
+			os.Exit(0)
 		}
 	}
 	os.Exit(benchMain(os.Args[1:]))
