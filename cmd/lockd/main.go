@@ -53,7 +53,7 @@ func run(args []string, stderr io.Writer) int {
 	dialOverride := fs.String("raft-dial-override", "", "peeraddr=dialaddr,...: dial these peers' Raft addresses through other addresses (NAT, proxies)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	fs.StringVar(&cfg.RaftLogLevel, "raft-log-level", "warn", "level of hashicorp/raft's own log lines")
+	fs.StringVar(&cfg.RaftLogLevel, "raft-log-level", "warn", "level of hashicorp/raft's own log lines: trace, debug, info, warn, error or off (they go to the same log, in --log-format, and --log-level applies to them too)")
 	apiTLS, peerTLS := &tlsfiles.Files{}, &tlsfiles.Files{}
 	fs.StringVar(&apiTLS.Cert, "tls-cert", "", "certificate (PEM) for the client API: serve HTTPS")
 	fs.StringVar(&apiTLS.Key, "tls-key", "", "private key (PEM) of --tls-cert")

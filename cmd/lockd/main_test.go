@@ -53,6 +53,7 @@ func TestRunRefusesBadConfiguration(t *testing.T) {
 		{[]string{"--help"}, 0, "-allowed-hosts"},
 		{[]string{"--allowed-hosts", "lockd.example,lb.example:7070"}, 2, `--allowed-hosts entry "lb.example:7070"`},
 		{[]string{"--allowed-hosts", "http://lockd.example"}, 2, "without scheme or port"},
+		{[]string{"--raft-log-level", "chatty"}, 2, "--raft-log-level"},
 	}
 	for _, c := range cases {
 		var stderr bytes.Buffer

@@ -3,7 +3,6 @@ package raftnode
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -24,7 +23,7 @@ import (
 func startNode(t *testing.T, dir, store string) (*Node, error) {
 	t.Helper()
 	n, err := New(Config{ID: "n1", DataDir: dir, RaftAddr: "127.0.0.1:0", LogStore: store,
-		RaftLogOut: io.Discard, RaftLogLevel: "error"})
+		RaftLogLevel: "error"})
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +155,7 @@ func TestBoltDataDirKeepsBolt(t *testing.T) {
 	}
 	n.Shutdown()
 
-	_, err = New(Config{ID: "n1", DataDir: dir, RaftAddr: "127.0.0.1:0", LogStore: "wal", RaftLogOut: io.Discard})
+	_, err = New(Config{ID: "n1", DataDir: dir, RaftAddr: "127.0.0.1:0", LogStore: "wal"})
 	if err == nil || !strings.Contains(err.Error(), "holds a bolt log") || !strings.Contains(err.Error(), "--log-store bolt") {
 		t.Fatalf("wal asked on a bolt data dir: %v", err)
 	}
@@ -173,7 +172,7 @@ func TestWALInUseIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	_, err := New(Config{ID: "n1", DataDir: dir, RaftAddr: "127.0.0.1:0", RaftLogOut: io.Discard})
+	_, err := New(Config{ID: "n1", DataDir: dir, RaftAddr: "127.0.0.1:0"})
 	if err == nil || !strings.Contains(err.Error(), "another lockd") {
 		t.Fatalf("a second member on a wal in use: %v", err)
 	}
@@ -200,7 +199,7 @@ func cluster(t *testing.T, n int, mod func(*Config)) []*Node {
 	nodes := make([]*Node, n)
 	for i, p := range peers {
 		cfg := Config{ID: p.ID, DataDir: filepath.Join(base, p.ID), RaftAddr: p.RaftAddr, Listener: lns[i],
-			InitialCluster: peers, Logger: slog.New(slog.DiscardHandler), RaftLogOut: io.Discard, RaftLogLevel: "error"}
+			InitialCluster: peers, Logger: slog.New(slog.DiscardHandler), RaftLogLevel: "error"}
 		if mod != nil {
 			mod(&cfg)
 		}

@@ -2,7 +2,6 @@ package raftnode
 
 import (
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,7 +21,7 @@ func TestDataDirOfAnotherMemberIsRefused(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(dir, memberIDFile)); strings.TrimSpace(string(b)) != "n1" {
 		t.Fatalf("member-id file holds %q", b)
 	}
-	_, err = New(Config{ID: "n2", DataDir: dir, RaftAddr: "127.0.0.1:0", RaftLogOut: io.Discard})
+	_, err = New(Config{ID: "n2", DataDir: dir, RaftAddr: "127.0.0.1:0"})
 	if err == nil || !strings.Contains(err.Error(), `belongs to member "n1"`) {
 		t.Fatalf("started n2 on n1's data dir: %v", err)
 	}
@@ -47,7 +46,7 @@ func TestDataDirWithoutThisMemberIsRefused(t *testing.T) {
 	if err := os.Remove(filepath.Join(dir, memberIDFile)); err != nil {
 		t.Fatal(err)
 	}
-	_, err = New(Config{ID: "n2", DataDir: dir, RaftAddr: "127.0.0.1:0", RaftLogOut: io.Discard})
+	_, err = New(Config{ID: "n2", DataDir: dir, RaftAddr: "127.0.0.1:0"})
 	if !errors.Is(err, ErrRemoved) || !strings.Contains(err.Error(), "n1") {
 		t.Fatalf("started n2 on a data dir whose configuration is {n1}: %v", err)
 	}

@@ -18,7 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	raftwal "github.com/hashicorp/raft-wal"
@@ -91,10 +90,10 @@ type Config struct {
 	// hands the effect on (the server queues it for its consumers).
 	Effects func(Effect)
 
+	// Logger receives the node's lines and hashicorp/raft's own, which
+	// RaftLogLevel (trace, debug, info, warn, error or off) filters first.
 	Logger       *slog.Logger
-	RaftLogLevel string // hclog level for hashicorp/raft's own messages
-	RaftLogJSON  bool
-	RaftLogOut   io.Writer
+	RaftLogLevel string
 }
 
 func (c *Config) setDefaults() {
@@ -133,9 +132,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.RaftLogLevel == "" {
 		c.RaftLogLevel = "warn"
-	}
-	if c.RaftLogOut == nil {
-		c.RaftLogOut = os.Stderr
 	}
 }
 
@@ -201,8 +197,11 @@ func New(cfg Config) (*Node, error) {
 		}
 	}()
 
-	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft." + cfg.ID, Level: hclog.LevelFromString(cfg.RaftLogLevel),
-		Output: cfg.RaftLogOut, JSONFormat: cfg.RaftLogJSON})
+	raftLevel, err := ParseRaftLogLevel(cfg.RaftLogLevel)
+	if err != nil {
+		return nil, fmt.Errorf("raftnode: %w", err)
+	}
+	hlog := newSlogHCLog(cfg.Logger, "raft", raftLevel)
 
 	store, found, err := chooseLogStore(cfg.DataDir, cfg.LogStore)
 	if err != nil {

@@ -214,6 +214,11 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--join %q: want an HTTP URL such as http://127.0.0.1:7070", c.Join))
 		}
 	}
+	if c.RaftLogLevel != "" {
+		if _, err := raftnode.ParseRaftLogLevel(c.RaftLogLevel); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
 		errs = append(errs, fmt.Errorf("--leader-lease-timeout (%s) must not exceed --heartbeat-timeout (%s)", c.LeaderLeaseTimeout, c.HeartbeatTimeout))
 	}
