@@ -22,6 +22,7 @@ import (
 
 	"github.com/lockd/lockd/fence"
 	"github.com/lockd/lockd/internal/auth"
+	"github.com/lockd/lockd/internal/raftmetrics"
 	"github.com/lockd/lockd/internal/server"
 	"github.com/lockd/lockd/internal/tlsfiles"
 	"github.com/lockd/lockd/internal/version"
@@ -161,7 +162,10 @@ func run(args []string, stderr io.Writer) int {
 
 	cfg.Version = version.String()
 	cfg.Registry = prometheus.NewRegistry()
-	if err := bridgeRaftMetrics(cfg.Registry); err != nil {
+	// hashicorp/raft reports through go-metrics' process-wide sink, so it
+	// is installed once per process, here, not in the server package
+	// (several members share one test process).
+	if _, err := raftmetrics.Install(cfg.Registry); err != nil {
 		logger.Warn("raft metrics will not be exported", "err", err)
 	}
 

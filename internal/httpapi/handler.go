@@ -101,8 +101,10 @@ type Observer interface {
 	AcquireDone(outcome string, d time.Duration)
 	// WebSocketConns moves the open WebSocket connection gauge.
 	WebSocketConns(delta int)
-	// Refused counts work refused by admission control, by code
-	// (overloaded, resource_exhausted) and op.
+	// Refused counts a request refused for want of capacity before any
+	// work: by admission control, over a quota, or past a per-connection
+	// bound; code overloaded or resource_exhausted, op the command
+	// (acquire, create_session, release, ...) or watch.
 	Refused(code, op string)
 }
 
@@ -111,6 +113,17 @@ type nopObserver struct{}
 func (nopObserver) AcquireDone(string, time.Duration) {}
 func (nopObserver) WebSocketConns(int)                {}
 func (nopObserver) Refused(string, string)            {}
+
+// refusal tells the observer when err refuses a request (of kind op) for
+// want of capacity, and returns err. It wraps the refusals the state
+// machine decides (quotas) and per-connection bounds; admission control's
+// are counted where it refuses (propose, readIndex).
+func (h *Handler) refusal(op string, err error) error {
+	if code, _ := errorCode(err); code == api.CodeResourceExhausted || code == api.CodeOverloaded {
+		h.obs.Refused(code, op)
+	}
+	return err
+}
 
 // Config configures the handler.
 type Config struct {
@@ -491,7 +504,7 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, 200, h.grantReply(name, req.ClientID, res.Token, res.Mode, res.ExpiresAt))
 		},
 		refused: func(res locktable.Result) string {
-			e := resultError(res, name)
+			e := h.refusal("acquire", resultError(res, name))
 			if res.Code != locktable.CodeLockHeld {
 				return writeErrorCode(w, e)
 			}
@@ -962,7 +975,7 @@ func (h *Handler) newSession(ctx context.Context, owner, client string, ttl int6
 		return "", err
 	}
 	if res.Code != locktable.OK {
-		return "", resultError(res, "")
+		return "", h.refusal("create_session", resultError(res, ""))
 	}
 	return id, nil
 }

@@ -110,7 +110,7 @@ func (h *Handler) acquireMany(w http.ResponseWriter, r *http.Request) {
 			if lock == "" {
 				lock = strings.Join(names, ", ")
 			}
-			return writeErrorCode(w, resultError(res, lock))
+			return writeErrorCode(w, h.refusal("acquire", resultError(res, lock)))
 		},
 		// A try by a client whose earlier multi-acquire of the same locks
 		// waits: that wait keeps its place and answers for itself.

@@ -1,10 +1,14 @@
 package httpapi
 
 import (
+	"fmt"
+	"net/http/httptest"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/lockd/lockd/api"
 )
 
 type recordingObserver struct {
@@ -19,6 +23,13 @@ func (o *recordingObserver) AcquireDone(outcome string, _ time.Duration) {
 	o.outcomes = append(o.outcomes, outcome)
 }
 func (o *recordingObserver) WebSocketConns(int) {}
+func (o *recordingObserver) takeRefusals() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := o.refused
+	o.refused = nil
+	return out
+}
 
 func (o *recordingObserver) Refused(code, op string) {
 	o.mu.Lock()
@@ -64,5 +75,40 @@ func TestAcquireOutcomes(t *testing.T) {
 	}
 	if got := obs.take(); len(got) != 0 {
 		t.Errorf("redirect recorded as %v", got)
+	}
+}
+
+// TestWatchesPerConnectionBounded: past maxWatchesPerConn watches, a
+// connection's next watch is refused with resource_exhausted, and the
+// refusal is counted under op watch.
+func TestWatchesPerConnectionBounded(t *testing.T) {
+	obs := &recordingObserver{}
+	srv := httptest.NewServer(New(Config{Backend: newFake(), Observer: obs}))
+	defer srv.Close()
+	c := dialWS(t, srv)
+	c.send(`{"id":1,"op":"hello","client_id":"many","session_ttl_ms":60000}`)
+	if m := c.recv(); m.Type != api.TypeHello {
+		t.Fatalf("hello: %+v", m)
+	}
+	for i := range maxWatchesPerConn {
+		id := uint64(i + 2)
+		c.send(fmt.Sprintf(`{"id":%d,"op":"watch","prefix":"none/"}`, id))
+		m := c.recv()
+		for m.ID != id { // pushes of the watches (none for an empty prefix)
+			m = c.recv()
+		}
+		if m.Type != api.TypeOK {
+			t.Fatalf("watch %d: %+v", i+1, m)
+		}
+	}
+	if got := obs.takeRefusals(); len(got) != 0 {
+		t.Fatalf("refusals before the limit: %v", got)
+	}
+	c.send(`{"id":9999,"op":"watch","prefix":"none/"}`)
+	if m := c.recv(); m.Type != api.TypeError || m.ID != 9999 || m.Error.Code != api.CodeResourceExhausted {
+		t.Fatalf("watch past the limit: %+v", m)
+	}
+	if got := obs.takeRefusals(); !slices.Equal(got, []string{"resource_exhausted/watch"}) {
+		t.Fatalf("refusals %v", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -243,7 +244,8 @@ func (f quotaFake) Propose(ctx context.Context, cmd locktable.Command) (locktabl
 // changes.
 func TestQuotasAnswer429(t *testing.T) {
 	f := quotaFake{fakeBackend: newFake(), q: locktable.Quotas{Sessions: 3, Locks: 2, WaitersPerLock: 1}}
-	h := New(Config{Backend: f})
+	obs := &recordingObserver{}
+	h := New(Config{Backend: f, Observer: obs})
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	refused := func(what string, code, msg string, quota, limit string) {
@@ -308,6 +310,12 @@ func TestQuotasAnswer429(t *testing.T) {
 	}
 	if string(mid) != string(f.snapshot()) {
 		t.Fatal("a refused session changed the state")
+	}
+	// Each refusal is counted once, under its operation
+	// (lockd_requests_refused_total).
+	want := []string{"resource_exhausted/acquire", "resource_exhausted/acquire", "resource_exhausted/create_session", "resource_exhausted/create_session"}
+	if got := obs.takeRefusals(); !slices.Equal(got, want) {
+		t.Fatalf("refusals recorded %v, want %v", got, want)
 	}
 }
 

@@ -575,7 +575,7 @@ func (wc *wsConn) proposeAcquire(id uint64, cmd locktable.Command, released func
 	if err != nil {
 		return err
 	}
-	return resultError(res, cmd.Lock)
+	return wc.h.refusal("acquire", resultError(res, cmd.Lock))
 }
 
 // multiKey is the pending key of a multi-acquire: its names in name order,
@@ -656,7 +656,7 @@ func (wc *wsConn) acquireMany(req api.WSRequest) error {
 	if lock == "" {
 		lock = strings.Join(names, ", ")
 	}
-	return resultError(res, lock)
+	return wc.h.refusal("acquire", resultError(res, lock))
 }
 
 // value is the holder setting its grant's value.
@@ -1090,7 +1090,8 @@ func (wc *wsConn) watch(req api.WSRequest) error {
 	wc.mu.Lock()
 	if len(wc.watches) >= maxWatchesPerConn {
 		wc.mu.Unlock()
-		return &apiError{code: api.CodeResourceExhausted, msg: fmt.Sprintf("this connection has %d watches, the limit", maxWatchesPerConn)}
+		return wc.h.refusal("watch", &apiError{code: api.CodeResourceExhausted,
+			msg: fmt.Sprintf("this connection has %d watches, the limit", maxWatchesPerConn)})
 	}
 	// Watch before reading the initial state: a change committed meanwhile
 	// is in the buffer, and dropped below if the state read reflects it.

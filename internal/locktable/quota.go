@@ -257,3 +257,33 @@ func (t *Table) sessionQuota(c Command) Quota {
 	}
 	return 0
 }
+
+// QuotaList lists every quota, in Quotas field order: each constant from
+// QuotaSessions on that has a name (a new quota needs one for its
+// resource_exhausted message, and so appears here by itself).
+func QuotaList() []Quota {
+	var qs []Quota
+	for q := QuotaSessions; q.String() != "none"; q++ {
+		qs = append(qs, q)
+	}
+	return qs
+}
+
+// ClusterUse is how much of quota q the whole table uses now, for the
+// quotas that bound the cluster as a whole and whose count the table keeps
+// as it goes (ok is false for the others): /metrics reads it at every
+// scrape, so it never walks the table. A new cluster-wide quota answers
+// here with the count its check uses, and is then exported by itself.
+func (t *Table) ClusterUse(q Quota) (used int64, ok bool) {
+	switch q {
+	case QuotaSessions:
+		return int64(len(t.sessions)), true
+	case QuotaLocks:
+		return int64(len(t.locks)), true
+	case QuotaGrants:
+		return int64(t.count.holders + t.count.waiters), true
+	case QuotaValueBytes:
+		return t.count.valueBytes, true
+	}
+	return 0, false
+}

@@ -500,3 +500,55 @@ func TestGrantAndValueQuotas(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestClusterUse: every quota is listed once, in field order; the
+// cluster-wide ones report the count their check uses (the quota refuses
+// exactly when the use reaches the limit), the per-key ones report none.
+func TestClusterUse(t *testing.T) {
+	want := []lt.Quota{lt.QuotaSessions, lt.QuotaSessionsPerOwner, lt.QuotaLocks, lt.QuotaWaitersPerLock,
+		lt.QuotaLocksPerSession, lt.QuotaLocksPerOwner, lt.QuotaGrants, lt.QuotaValueBytes}
+	if got := lt.QuotaList(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("QuotaList() = %v, want %v", got, want)
+	}
+	h := newHarness(t)
+	q := lt.Quotas{Sessions: 2, Locks: 3}
+	use := func(quota lt.Quota) int64 {
+		t.Helper()
+		n, ok := h.tb.ClusterUse(quota)
+		if !ok {
+			t.Fatalf("%v: no cluster use", quota)
+		}
+		return n
+	}
+	h.ok(owned(mkSess("s1", "c1", 15000, t0), "a", q))
+	h.ok(owned(mkSess("s2", "c2", 15000, t0), "a", q))
+	if use(lt.QuotaSessions) != q.Sessions {
+		t.Fatalf("sessions use %d at the limit %d", use(lt.QuotaSessions), q.Sessions)
+	}
+	h.exhausted(owned(mkSess("s3", "c3", 15000, t0), "a", q), lt.QuotaSessions)
+	for i, name := range []string{"a", "b", "c"} {
+		h.ok(owned(acq(name, "c1", 30000, 0, t0), "a", q))
+		if got := use(lt.QuotaLocks); got != int64(i+1) {
+			t.Fatalf("locks use %d after %d locks", got, i+1)
+		}
+	}
+	h.exhausted(owned(acq("d", "c1", 30000, 0, t0), "a", q), lt.QuotaLocks)
+	if st := h.tb.Stats(); use(lt.QuotaLocks) != int64(st.Locks) || use(lt.QuotaSessions) != int64(st.Sessions) {
+		t.Fatalf("use %d locks %d sessions, stats %+v", use(lt.QuotaLocks), use(lt.QuotaSessions), st)
+	}
+	// Grants held plus waits queued, and their value bytes.
+	g := lt.Quotas{Grants: 3, ValueBytes: 10}
+	h = newHarness(t)
+	h.ok(owned(withValue("1234", acq("x", "a", 10_000, 0, t0)), "", g))
+	h.ok(owned(withValue("123456", acq("x", "b", 10_000, 60_000, t0)), "", g)) // queued, its value counted
+	h.ok(owned(acq("y", "a", 10_000, 0, t0), "", g))
+	if use(lt.QuotaGrants) != 3 || use(lt.QuotaValueBytes) != 10 {
+		t.Fatalf("grants use %d, value bytes %d; want 3 and 10", use(lt.QuotaGrants), use(lt.QuotaValueBytes))
+	}
+	h.exhausted(owned(acq("z", "c", 10_000, 0, t0), "", g), lt.QuotaGrants)
+	for _, quota := range []lt.Quota{lt.QuotaSessionsPerOwner, lt.QuotaWaitersPerLock, lt.QuotaLocksPerSession, lt.QuotaLocksPerOwner} {
+		if _, ok := h.tb.ClusterUse(quota); ok {
+			t.Errorf("%v reports a cluster use; it is a quota per key", quota)
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -164,9 +165,11 @@ type Node struct {
 	gate       sync.RWMutex
 	confirm    confirmer
 	batchSizes Observer
-	done       chan struct{}
-	wg         sync.WaitGroup
-	stopOnce   sync.Once
+	// snapFailures counts snapshots that could not be written.
+	snapFailures atomic.Uint64
+	done         chan struct{}
+	wg           sync.WaitGroup
+	stopOnce     sync.Once
 }
 
 // New opens the stores, starts Raft and, for a new data dir, bootstraps.
@@ -270,10 +273,11 @@ func New(cfg Config) (*Node, error) {
 		}
 		logs = cache
 	}
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotRetain, hlog)
+	files, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotRetain, hlog)
 	if err != nil {
 		return nil, fmt.Errorf("raftnode: snapshot store: %w", err)
 	}
+	snaps := countingSnapshots{SnapshotStore: files, failures: &n.snapFailures}
 
 	ln := cfg.Listener
 	if ln == nil {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"errors"
+	"slices"
 	"strconv"
 	"time"
 
@@ -31,6 +32,15 @@ type metrics struct {
 	refused        *prometheus.CounterVec
 }
 
+// Refusal codes and ops, the label values of lockd_requests_refused_total
+// (ops are the command's name, or watch): every combination is exported
+// from the start (at zero), so a rate over it exists before the first
+// refusal.
+var (
+	refusalCodes = []string{"overloaded", "resource_exhausted"}
+	refusalOps   = []string{"acquire", "create_session", "release", "renew", "set_value", "cancel", "delete_session", "revoke", "read", "watch", "other"}
+)
+
 func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collector) *metrics {
 	m := &metrics{reg: reg}
 	m.proposeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -55,19 +65,21 @@ func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collect
 	m.acquires = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lockd_acquire_total", Help: "Acquire commands by outcome (granted, queued, lock_held, ...).",
 	}, []string{"outcome"})
-	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "lockd_requests_refused_total",
-		Help: "Work refused by admission control before anything was proposed: overloaded (503, the member commits no faster) or resource_exhausted (429, one client's or token's budget), by op.",
-	}, []string{"code", "op"})
-	for _, code := range []string{"overloaded", "resource_exhausted"} {
-		for _, op := range []string{"acquire", "create_session", "release", "renew", "set_value", "cancel", "delete_session", "revoke", "read"} {
-			m.refused.WithLabelValues(code, op) // every series present from the start, for rates and alerts
-		}
-	}
 	m.events = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lockd_events_total",
 		Help: "Committed state changes: grants, releases, expiries, wait timeouts, session expiries.",
 	}, []string{"kind"})
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockd_requests_refused_total",
+		Help: "Requests (HTTP and WebSocket) this member refused for want of capacity, before anything was proposed: " +
+			"code overloaded (503, admission control: the member commits no faster) or resource_exhausted (429: one " +
+			"client's or token's budget, a quota, a per-connection bound), by op.",
+	}, []string{"code", "op"})
+	for _, code := range refusalCodes {
+		for _, op := range refusalOps {
+			m.refused.WithLabelValues(code, op) // every series present from the start, for rates and alerts
+		}
+	}
 	m.collectors = []prometheus.Collector{
 		m.proposeSeconds, m.acquireSeconds, m.acquires, m.events,
 		m.grants, m.releases, m.expiries, m.waitTimeouts, m.sessionExpired, m.wsConns, m.refused,
@@ -81,6 +93,9 @@ func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collect
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lockd_admission_commit_rate",
 			Help: "Admitted proposals returning per second (exponentially weighted): what admission control measures the cluster commits."},
 			func() float64 { return s.admission.Stats().Rate }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lockd_watches",
+			Help: "Watches open on this member: WebSocket watches, blocking queries waiting (?index=&wait=) and dashboard streams."},
+			func() float64 { return float64(s.watches.Count()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lockd_is_leader", Help: "1 when this member is the ready leader."},
 			func() float64 {
 				if s.Ready() {
@@ -112,6 +127,8 @@ type stateCollector struct {
 	term, commit, applied, snapIndex *prometheus.Desc
 	undecodable                      *prometheus.Desc
 	logVerified, logMismatches       *prometheus.Desc
+	snapFailures                     *prometheus.Desc
+	quotaUsed, quotaLimit            *prometheus.Desc
 }
 
 func newStateCollector(s *Server) *stateCollector {
@@ -131,20 +148,43 @@ func newStateCollector(s *Server) *stateCollector {
 			"Log ranges between two checkpoints this member read back equal to what the leader wrote (raft-wal's log verifier).", nil, nil),
 		logMismatches: prometheus.NewDesc("lockd_raft_wal_verifier_mismatches_total",
 			"Log ranges this member stored or received differently from what the leader wrote: corruption; the member reports not ready.", nil, nil),
+		snapFailures: prometheus.NewDesc("lockd_raft_snapshot_failures_total",
+			"Snapshots this member failed to write (its own, one sent by the leader, or a restore): a full or failing disk; the log grows until one succeeds.", nil, nil),
+		quotaUsed: prometheus.NewDesc("lockd_quota_used",
+			"Use of each cluster-wide quota (named by its flag) in the replicated state, as the quota counts it.", []string{"quota"}, nil),
+		quotaLimit: prometheus.NewDesc("lockd_quota_limit",
+			"Each cluster-wide quota as this member is configured (0: no limit); the leader's value is the one applied.", []string{"quota"}, nil),
 	}
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.held, c.waiters, c.sessions, c.token, c.term, c.commit, c.applied, c.snapIndex, c.undecodable,
-		c.logVerified, c.logMismatches} {
+		c.logVerified, c.logMismatches, c.snapFailures, c.quotaUsed, c.quotaLimit} {
 		ch <- d
 	}
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	var st locktable.Stats
-	c.s.node.View(func(t *locktable.Table) { st = t.Stats() })
+	type quotaUse struct {
+		quota locktable.Quota
+		used  int64
+	}
+	var quotas []quotaUse
+	c.s.node.View(func(t *locktable.Table) {
+		st = t.Stats()
+		for _, q := range locktable.QuotaList() {
+			if used, ok := t.ClusterUse(q); ok {
+				quotas = append(quotas, quotaUse{q, used})
+			}
+		}
+	})
 	g := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	for _, q := range quotas {
+		ch <- prometheus.MustNewConstMetric(c.quotaUsed, prometheus.GaugeValue, float64(q.used), q.quota.String())
+		ch <- prometheus.MustNewConstMetric(c.quotaLimit, prometheus.GaugeValue, float64(c.s.cfg.Quotas.Limit(q.quota)), q.quota.String())
+	}
+	ch <- prometheus.MustNewConstMetric(c.snapFailures, prometheus.CounterValue, float64(c.s.node.SnapshotFailures()))
 	g(c.held, float64(st.Held))
 	g(c.waiters, float64(st.Waiters))
 	g(c.sessions, float64(st.Sessions))
@@ -207,8 +247,19 @@ func (m *metrics) AcquireDone(outcome string, d time.Duration) {
 
 func (m *metrics) WebSocketConns(delta int) { m.wsConns.Add(float64(delta)) }
 
-// Refused implements httpapi.Observer.
-func (m *metrics) Refused(code, op string) { m.refused.WithLabelValues(code, op).Inc() }
+// Refused implements httpapi.Observer: a request refused for want of
+// capacity. code is overloaded or resource_exhausted (any other code is
+// not such a refusal and is not counted); an op outside refusalOps counts
+// as "other", so the series stay few.
+func (m *metrics) Refused(code, op string) {
+	if !slices.Contains(refusalCodes, code) {
+		return
+	}
+	if !slices.Contains(refusalOps, op) {
+		op = "other"
+	}
+	m.refused.WithLabelValues(code, op).Inc()
+}
 
 func (m *metrics) observeEvents(events []locktable.Event) {
 	for _, ev := range events {

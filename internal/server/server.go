@@ -154,7 +154,7 @@ func New(cfg Config) (*Server, error) {
 	h := httpapi.New(httpapi.Config{Backend: s, Observer: s.metrics, Auth: cfg.Auth, Logger: cfg.Logger,
 		Admission: s.admission, MaxWatches: cfg.MaxWatches,
 		MaxRestoreBytes: cfg.MaxRestoreBytes,
-		Metrics:         promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}),
+		Metrics:         promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry, EnableOpenMetrics: true}),
 		Extra:           map[string]http.Handler{"/ui/": dashboard.New(s, cfg.Logger, dashboard.WithAuth(cfg.Auth)), "GET /ui": http.RedirectHandler("/ui/", http.StatusMovedPermanently)},
 		Pprof:           cfg.Pprof,
 		Hosts:           hosts})
