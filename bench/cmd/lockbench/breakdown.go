@@ -162,13 +162,11 @@ func labelsMatch(have, want map[string]string) bool {
 	return true
 }
 
-// stageStat is one stage of lockd's commit path over one measured window.
-// Mean and PerSec are exact over the window (from _sum and _count);
-// hashicorp/raft's summaries keep the last 10 s, so their P50 and P99 read
-// at the end of a 10 s window cover that window (shorter windows: the last
-// 10 s). A lockd histogram's P50 and P99 are interpolated from its bucket
-// counts over the window. Several series (one per follower, say) give the
-// mean of their quantiles. Milliseconds.
+// stageStat is one stage of lockd's commit path over one measured window,
+// from a histogram (seconds): Mean and PerSec are exact over the window
+// (from _sum and _count), P50 and P99 are interpolated from its bucket
+// counts over the window. Several series (one per follower, say) are
+// pooled. Milliseconds.
 type stageStat struct {
 	Mean   float64 `json:"mean_ms"`
 	P50    float64 `json:"p50_ms"`
@@ -179,19 +177,22 @@ type stageStat struct {
 // commitBreakdown is lockd's commit latency, stage by stage, over one
 // measured window, from hashicorp/raft's metrics and lockd's own.
 type commitBreakdown struct {
-	// LeaderAppend: raft.leader.dispatchLog on the leader, its StoreLogs
-	// of one batch of entries (before it replicates them).
+	// LeaderAppend: lockd_raft_leader_dispatch_log_duration_seconds on the
+	// leader, its StoreLogs of one batch of entries (before it replicates
+	// them).
 	LeaderAppend stageStat `json:"leader_append"`
-	// AppendEntriesRTT: raft.replication.appendEntries.rpc on the leader,
-	// both followers: the round trip of one AppendEntries, the follower's
-	// append included.
+	// AppendEntriesRTT: lockd_raft_replication_append_entries_duration_seconds
+	// on the leader, both followers: the round trip of one AppendEntries,
+	// the follower's append included.
 	AppendEntriesRTT stageStat `json:"append_entries_rtt"`
-	// FollowerAppend: raft.rpc.appendEntries.storeLogs on the followers.
+	// FollowerAppend: lockd_raft_rpc_append_entries_store_logs_duration_seconds
+	// on the followers.
 	FollowerAppend stageStat `json:"follower_append"`
-	// Commit: raft.commitTime on the leader, from dispatch (before its own
-	// append) to commit.
+	// Commit: lockd_raft_commit_duration_seconds on the leader, from
+	// dispatch (before its own append) to commit.
 	Commit stageStat `json:"commit"`
-	// FSMApply: raft.fsm.apply on the leader, one entry.
+	// FSMApply: lockd_raft_fsm_apply_duration_seconds on the leader, one
+	// entry.
 	FSMApply stageStat `json:"fsm_apply"`
 	// ProposeAcquire, ProposeRelease: lockd_propose_duration_seconds on the
 	// leader, from a command's proposal (batcher included) to its commit
@@ -199,8 +200,9 @@ type commitBreakdown struct {
 	// WebSocket read and write.
 	ProposeAcquire stageStat `json:"propose_acquire"`
 	ProposeRelease stageStat `json:"propose_release"`
-	// MainSaturation: raft.thread.main.saturation p50 on the leader (0–1).
-	MainSaturation float64 `json:"raft_main_saturation_p50"`
+	// MainSaturation: lockd_raft_thread_saturation_ratio{thread="main"} on
+	// the leader at the end of the window (its last second, 0–1).
+	MainSaturation float64 `json:"raft_main_saturation"`
 }
 
 // breakdown computes the stages from snapshots at the start and end of a window.
@@ -212,49 +214,16 @@ func breakdown(a, b *lockdSnapshot) *commitBreakdown {
 	la, lb := a.of(true), b.of(true)
 	fa, fb := a.of(false), b.of(false)
 	bd := &commitBreakdown{
-		LeaderAppend:     summaryStage(la, lb, "lockd_raft_leader_dispatchLog", nil, sec),
-		AppendEntriesRTT: summaryStage(la, lb, "lockd_raft_replication_appendEntries_rpc", nil, sec),
-		FollowerAppend:   summaryStage(fa, fb, "lockd_raft_rpc_appendEntries_storeLogs", nil, sec),
-		Commit:           summaryStage(la, lb, "lockd_raft_commitTime", nil, sec),
-		FSMApply:         summaryStage(la, lb, "lockd_raft_fsm_apply", nil, sec),
+		LeaderAppend:     histStage(la, lb, "lockd_raft_leader_dispatch_log_duration_seconds", nil, sec),
+		AppendEntriesRTT: histStage(la, lb, "lockd_raft_replication_append_entries_duration_seconds", nil, sec),
+		FollowerAppend:   histStage(fa, fb, "lockd_raft_rpc_append_entries_store_logs_duration_seconds", nil, sec),
+		Commit:           histStage(la, lb, "lockd_raft_commit_duration_seconds", nil, sec),
+		FSMApply:         histStage(la, lb, "lockd_raft_fsm_apply_duration_seconds", nil, sec),
 		ProposeAcquire:   histStage(la, lb, "lockd_propose_duration_seconds", map[string]string{"op": "acquire"}, sec),
 		ProposeRelease:   histStage(la, lb, "lockd_propose_duration_seconds", map[string]string{"op": "release"}, sec),
 	}
-	bd.MainSaturation, _ = quantileMean(lb, "lockd_raft_thread_main_saturation", nil, "0.5")
+	bd.MainSaturation, _ = sumOf(lb, "lockd_raft_thread_saturation_ratio", map[string]string{"thread": "main"})
 	return bd
-}
-
-// summaryStage reads a go-metrics summary (ms) over the window.
-func summaryStage(a, b []promSample, name string, match map[string]string, sec float64) stageStat {
-	var st stageStat
-	s0, _ := sumOf(a, name+"_sum", match)
-	s1, _ := sumOf(b, name+"_sum", match)
-	c0, _ := sumOf(a, name+"_count", match)
-	c1, _ := sumOf(b, name+"_count", match)
-	if dc := c1 - c0; dc > 0 {
-		st.Mean = (s1 - s0) / dc
-		st.PerSec = dc / sec
-	}
-	st.P50, _ = quantileMean(b, name, match, "0.5")
-	st.P99, _ = quantileMean(b, name, match, "0.99")
-	return st
-}
-
-// quantileMean is the mean over the matching series of one quantile.
-func quantileMean(ss []promSample, name string, match map[string]string, q string) (float64, bool) {
-	var sum float64
-	n := 0
-	for _, s := range ss {
-		if s.name != name || s.labels["quantile"] != q || !labelsMatch(s.labels, match) || math.IsNaN(s.value) {
-			continue
-		}
-		sum += s.value
-		n++
-	}
-	if n == 0 {
-		return 0, false
-	}
-	return sum / float64(n), true
 }
 
 // histStage reads a Prometheus histogram (seconds) over the window, in ms.
@@ -329,11 +298,11 @@ func groupCommit(a, b *lockdSnapshot, window float64) (cmdsPerEntry, entriesPerS
 	if n := d("lockd_raft_entry_commands_count"); n > 0 {
 		cmdsPerEntry = d("lockd_raft_entry_commands_sum") / n
 	}
-	if n := d("lockd_raft_boltdb_logsPerBatch_count"); n > 0 {
-		entriesPerStore = d("lockd_raft_boltdb_logsPerBatch_sum") / n
+	if n := d("lockd_raft_boltdb_entries_per_batch_count"); n > 0 {
+		entriesPerStore = d("lockd_raft_boltdb_entries_per_batch_sum") / n
 		storesPerSec = n / window
-	} else if n := d("lockd_raft_wal_log_appends"); n > 0 { // --log-store wal
-		entriesPerStore = d("lockd_raft_wal_log_entries_written") / n
+	} else if n := d("lockd_raft_wal_appends_total"); n > 0 { // --log-store wal
+		entriesPerStore = d("lockd_raft_wal_entries_written_total") / n
 		storesPerSec = n / window
 	}
 	return
@@ -370,7 +339,7 @@ func writeBreakdown(w io.Writer, rep *report) {
 		return
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "lockd commit latency by stage, from every member's /metrics over the measured windows (hashicorp/raft's summaries and lockd's propose histogram), ms: p50 / p99 / mean, and events per second. Leader append = raft.leader.dispatchLog (the leader's StoreLogs, before it replicates); AppendEntries RTT = raft.replication.appendEntries.rpc (both followers, their append included); follower append = raft.rpc.appendEntries.storeLogs; commit = raft.commitTime (dispatch to commit); FSM apply = raft.fsm.apply (one entry); propose = lockd_propose_duration_seconds (proposal to commit and apply on the leader, the server side of a request without the WebSocket read and write).")
+	fmt.Fprintln(w, "lockd commit latency by stage, from every member's /metrics over the measured windows (histograms, docs/METRICS.md), ms: p50 / p99 / mean, and events per second. Leader append = lockd_raft_leader_dispatch_log_duration_seconds (the leader's StoreLogs, before it replicates); AppendEntries RTT = lockd_raft_replication_append_entries_duration_seconds (both followers, their append included); follower append = lockd_raft_rpc_append_entries_store_logs_duration_seconds; commit = lockd_raft_commit_duration_seconds (dispatch to commit); FSM apply = lockd_raft_fsm_apply_duration_seconds (one entry); propose = lockd_propose_duration_seconds (proposal to commit and apply on the leader, the server side of a request without the WebSocket read and write).")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| workload | clients | system | setup | leader append | AppendEntries RTT | follower append | commit | FSM apply | propose acquire | propose release | raft main saturation |")
 	fmt.Fprintln(w, "|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")

@@ -199,27 +199,39 @@ func TestCommitBreakdownFromMetrics(t *testing.T) {
 		return out
 	}
 	leader0 := parse(`# HELP x
-lockd_raft_commitTime_sum 10
-lockd_raft_commitTime_count 10
-lockd_raft_replication_appendEntries_rpc_sum{peer_id="n2"} 5
-lockd_raft_replication_appendEntries_rpc_count{peer_id="n2"} 10
-lockd_raft_replication_appendEntries_rpc_sum{peer_id="n3"} 5
-lockd_raft_replication_appendEntries_rpc_count{peer_id="n3"} 10
+lockd_raft_commit_duration_seconds_bucket{le="0.001"} 0
+lockd_raft_commit_duration_seconds_bucket{le="0.0025"} 10
+lockd_raft_commit_duration_seconds_bucket{le="+Inf"} 10
+lockd_raft_commit_duration_seconds_sum 0.01
+lockd_raft_commit_duration_seconds_count 10
+lockd_raft_replication_append_entries_duration_seconds_bucket{peer_id="n2",le="0.0005"} 10
+lockd_raft_replication_append_entries_duration_seconds_bucket{peer_id="n2",le="+Inf"} 10
+lockd_raft_replication_append_entries_duration_seconds_sum{peer_id="n2"} 0.005
+lockd_raft_replication_append_entries_duration_seconds_count{peer_id="n2"} 10
+lockd_raft_replication_append_entries_duration_seconds_bucket{peer_id="n3",le="0.0005"} 10
+lockd_raft_replication_append_entries_duration_seconds_bucket{peer_id="n3",le="+Inf"} 10
+lockd_raft_replication_append_entries_duration_seconds_sum{peer_id="n3"} 0.005
+lockd_raft_replication_append_entries_duration_seconds_count{peer_id="n3"} 10
 lockd_propose_duration_seconds_bucket{op="acquire",outcome="ok",le="0.001"} 0
 lockd_propose_duration_seconds_bucket{op="acquire",outcome="ok",le="0.002"} 0
 lockd_propose_duration_seconds_bucket{op="acquire",outcome="ok",le="+Inf"} 0
 lockd_propose_duration_seconds_sum{op="acquire",outcome="ok"} 0
 lockd_propose_duration_seconds_count{op="acquire",outcome="ok"} 0`)
-	leader1 := parse(`lockd_raft_commitTime{quantile="0.5"} 1.5
-lockd_raft_commitTime{quantile="0.99"} NaN
-lockd_raft_commitTime_sum 30
-lockd_raft_commitTime_count 20
-lockd_raft_replication_appendEntries_rpc{peer_id="n2",quantile="0.5"} 0.4
-lockd_raft_replication_appendEntries_rpc{peer_id="n3",quantile="0.5"} 0.6
-lockd_raft_replication_appendEntries_rpc_sum{peer_id="n2"} 10
-lockd_raft_replication_appendEntries_rpc_count{peer_id="n2"} 20
-lockd_raft_replication_appendEntries_rpc_sum{peer_id="n3"} 10
-lockd_raft_replication_appendEntries_rpc_count{peer_id="n3"} 20
+	leader1 := parse(`lockd_raft_commit_duration_seconds_bucket{le="0.001"} 0
+lockd_raft_commit_duration_seconds_bucket{le="0.0025"} 20
+lockd_raft_commit_duration_seconds_bucket{le="+Inf"} 20
+lockd_raft_commit_duration_seconds_sum 0.03
+lockd_raft_commit_duration_seconds_count 20
+lockd_raft_replication_append_entries_duration_seconds_bucket{peer_id="n2",le="0.0005"} 20
+lockd_raft_replication_append_entries_duration_seconds_bucket{peer_id="n2",le="+Inf"} 20
+lockd_raft_replication_append_entries_duration_seconds_sum{peer_id="n2"} 0.01
+lockd_raft_replication_append_entries_duration_seconds_count{peer_id="n2"} 20
+lockd_raft_replication_append_entries_duration_seconds_bucket{peer_id="n3",le="0.0005"} 20
+lockd_raft_replication_append_entries_duration_seconds_bucket{peer_id="n3",le="+Inf"} 20
+lockd_raft_replication_append_entries_duration_seconds_sum{peer_id="n3"} 0.01
+lockd_raft_replication_append_entries_duration_seconds_count{peer_id="n3"} 20
+lockd_raft_thread_saturation_ratio{thread="fsm"} 0.5
+lockd_raft_thread_saturation_ratio{thread="main"} 0.25
 lockd_propose_duration_seconds_bucket{op="acquire",outcome="ok",le="0.001"} 50
 lockd_propose_duration_seconds_bucket{op="acquire",outcome="ok",le="0.002"} 100
 lockd_propose_duration_seconds_bucket{op="acquire",outcome="ok",le="+Inf"} 100
@@ -240,10 +252,11 @@ lockd_propose_duration_seconds_count{op="acquire",outcome="ok"} 100`)
 	}
 	near("commit mean", bd.Commit.Mean, 2)
 	near("commit per sec", bd.Commit.PerSec, 1)
-	near("commit p50", bd.Commit.P50, 1.5)
-	near("commit p99 (NaN skipped)", bd.Commit.P99, 0)
+	near("commit p50", bd.Commit.P50, 1.75)
+	near("commit p99", bd.Commit.P99, 2.485)
 	near("AE mean", bd.AppendEntriesRTT.Mean, 0.5)
-	near("AE p50 (mean of peers)", bd.AppendEntriesRTT.P50, 0.5)
+	near("AE p50 (peers pooled)", bd.AppendEntriesRTT.P50, 0.25)
+	near("raft main saturation", bd.MainSaturation, 0.25)
 	near("propose acquire mean", bd.ProposeAcquire.Mean, 1)
 	near("propose acquire p50", bd.ProposeAcquire.P50, 1)
 	near("propose acquire p99", bd.ProposeAcquire.P99, 1.98)
