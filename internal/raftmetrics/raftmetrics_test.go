@@ -2,6 +2,7 @@ package raftmetrics
 
 import (
 	"math"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -150,5 +151,39 @@ func TestFamiliesAreIdiomatic(t *testing.T) {
 			}
 			keys[s.Key] = true
 		}
+	}
+}
+
+// TestDocsListEveryFamily: docs/METRICS.md lists every family with its
+// type, and its table of renamed series names every source key.
+func TestDocsListEveryFamily(t *testing.T) {
+	b, err := os.ReadFile("../../docs/METRICS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	_, section, ok := strings.Cut(doc, "\n## hashicorp/raft and the log store\n")
+	section, renamed, ok2 := strings.Cut(section, "\n## Renamed\n")
+	if !ok || !ok2 {
+		t.Fatal("docs/METRICS.md lacks the sections \"hashicorp/raft and the log store\" and \"Renamed\"")
+	}
+	listed := map[string]string{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `(lockd_raft_[a-z0-9_]+)` \\| ([a-z]+) \\|").FindAllStringSubmatch(section, -1) {
+		listed[m[1]] = m[2]
+	}
+	for _, f := range Families {
+		if listed[f.Name] != f.Kind.String() {
+			t.Errorf("docs/METRICS.md lists %s as %q, want a row with type %s", f.Name, listed[f.Name], f.Kind)
+		}
+		delete(listed, f.Name)
+		for _, s := range f.Sources {
+			old := "`lockd_" + strings.ReplaceAll(s.Key, ".", "_") + "`"
+			if !strings.Contains(renamed, "| "+old+" | `"+f.Name) && !strings.Contains(renamed, "| (not exported) | `"+f.Name) {
+				t.Errorf("the Renamed table has no row from %s to %s", old, f.Name)
+			}
+		}
+	}
+	for name := range listed {
+		t.Errorf("docs/METRICS.md lists %s, which is not exported", name)
 	}
 }
