@@ -218,3 +218,36 @@ func TestCurlExampleChecker(t *testing.T) {
 		t.Errorf("a continued command is reported at %s, want its first line t.md:3", cmds[1].where)
 	}
 }
+
+// TestDocsPointToNoMissingSpec: the Markdown a user reads (all but the test
+// suites' notes under test/) never sends a reader to "the SPEC", a document
+// the repository does not hold; it says what lockd does instead.
+func TestDocsPointToNoMissingSpec(t *testing.T) {
+	root := filepath.Join("..", "..")
+	spec := regexp.MustCompile(`\bSPEC\b`)
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules" || rel == "test") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".md") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, l := range strings.Split(string(b), "\n") {
+			if spec.MatchString(l) {
+				t.Errorf("%s:%d names the SPEC, which is not in the repository: %s", rel, i+1, strings.TrimSpace(l))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
