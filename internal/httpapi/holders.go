@@ -76,8 +76,8 @@ func holderStatus(g locktable.Holder) api.HolderStatus {
 func (h *Handler) startWatch(open func() *notify.Watch) (*notify.Watch, error) {
 	if n := h.watches.Add(1); h.maxWatches > 0 && n > h.maxWatches {
 		h.watches.Add(-1)
-		return nil, &apiError{code: api.CodeResourceExhausted, retryAfter: time.Second,
-			msg: fmt.Sprintf("quota max-watches (%d) reached: this member serves that many watches and blocking queries; retry once some end", h.maxWatches)}
+		return nil, h.refusal("watch", &apiError{code: api.CodeResourceExhausted, retryAfter: time.Second,
+			msg: fmt.Sprintf("quota max-watches (%d) reached: this member serves that many watches and blocking queries; retry once some end", h.maxWatches)})
 	}
 	return open(), nil
 }

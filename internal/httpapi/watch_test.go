@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -85,7 +86,8 @@ func TestSlowWatcherResyncs(t *testing.T) {
 // resource_exhausted naming the quota; an unwatch makes room again.
 func TestMaxWatchesPerMember(t *testing.T) {
 	f := newFake()
-	srv := httptest.NewServer(New(Config{Backend: f, MaxWatches: 2}))
+	obs := &recordingObserver{}
+	srv := httptest.NewServer(New(Config{Backend: f, MaxWatches: 2, Observer: obs}))
 	defer srv.Close()
 	var conns []*wsClient
 	for i := 0; i < 2; i++ {
@@ -112,6 +114,9 @@ func TestMaxWatchesPerMember(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("a blocking query past the bound: %d", resp.StatusCode)
+	}
+	if got := obs.takeRefusals(); !slices.Equal(got, []string{"resource_exhausted/watch", "resource_exhausted/watch"}) {
+		t.Fatalf("refusals counted: %v", got)
 	}
 	conns[0].send(`{"id":3,"op":"unwatch","watch_id":1}`)
 	for {

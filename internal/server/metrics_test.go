@@ -108,6 +108,14 @@ func TestMetricsOperatorSeries(t *testing.T) {
 			t.Errorf("%s = %q, want %s", series, got[series], want)
 		}
 	}
+	for _, q := range []string{"max-grants", "max-value-bytes"} { // no limit set: 0
+		if got[`lockd_quota_limit{quota="`+q+`"}`] != "0" || got[`lockd_quota_used{quota="`+q+`"}`] == "" {
+			t.Errorf("quota %s: used %q limit %q", q, got[`lockd_quota_used{quota="`+q+`"}`], got[`lockd_quota_limit{quota="`+q+`"}`])
+		}
+	}
+	if got[`lockd_quota_used{quota="max-grants"}`] != "2" {
+		t.Errorf("max-grants use %s, want 2 (two held locks)", got[`lockd_quota_used{quota="max-grants"}`])
+	}
 	for series := range got {
 		if strings.Contains(series, "max-waiters-per-lock") || strings.Contains(series, "per-token") || strings.Contains(series, "per-session") {
 			t.Errorf("%s exported: a per-key quota has no cluster-wide use", series)
