@@ -62,6 +62,11 @@ func TestReloadReachesOpenWebSockets(t *testing.T) {
 	if watch.Type != api.TypeOK {
 		t.Fatalf("watch: %+v", watch)
 	}
+	// The watch's picture (nothing under the empty prefix yet) ends with
+	// its synced frame.
+	if m := recv(); m.Type != api.TypeSynced || m.WatchID != watch.WatchID {
+		t.Fatalf("after the watch: %+v, want its synced frame", m)
+	}
 
 	if err := os.WriteFile(path, []byte(`{"tokens":[{"name":"ops","token":"ops-secret-0123456789","permissions":[{"prefix":"","access":"admin"}]}]}`), 0o600); err != nil {
 		t.Fatal(err)
