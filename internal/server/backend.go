@@ -265,6 +265,19 @@ func (s *Server) TransferLeadership(ctx context.Context, to string) error {
 	if to == s.cfg.ID {
 		return nil
 	}
+	if to != "" {
+		// hashicorp/raft accepts a transfer to a non-voter and then never
+		// completes it: refuse it, as an unknown member is refused.
+		servers, err := s.node.Servers()
+		if err != nil {
+			return err
+		}
+		for _, sv := range servers {
+			if sv.ID == to && !sv.Voter {
+				return httpapi.Errorf(api.CodeInvalidArgument, "member %s is not a voter yet (it is still catching up): leadership can only go to a voter", to)
+			}
+		}
+	}
 	if err := s.node.TransferLeadership(to); err != nil {
 		if errors.Is(err, raftnode.ErrNotLeader) {
 			return mapErr(err)
