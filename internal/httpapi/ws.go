@@ -560,9 +560,9 @@ func (wc *wsConn) proposeAcquire(id uint64, cmd locktable.Command, released func
 			if wc.unpend(cmd.Lock, p) {
 				var holder string
 				wc.h.b.View(func(t *locktable.Table) { holder = t.Get(cmd.Lock).ClientID })
-				return stateError(locktable.CodeLockHeld, cmd.Lock, holder)
+				wc.refuseHeld(id, cmd.Lock, holder)
 			}
-			return nil // granted meanwhile: the push answered it
+			return nil // refused, or granted meanwhile and the push answered it
 		}
 		if res.Queued {
 			wc.queued(cmd.Lock, p, res)
@@ -575,7 +575,26 @@ func (wc *wsConn) proposeAcquire(id uint64, cmd locktable.Command, released func
 	if err != nil {
 		return err
 	}
+	if res.Code == locktable.CodeLockHeld {
+		wc.refuseHeld(id, cmd.Lock, res.Holder)
+		return nil
+	}
 	return wc.h.refusal("acquire", resultError(res, cmd.Lock))
+}
+
+// refuseHeld answers an acquire that cannot be granted now (lock_held)
+// naming the lock and its holder, as the HTTP 409 does: holder is always
+// there, "" for a lock that is free but not for a newcomer.
+func (wc *wsConn) refuseHeld(id uint64, lock, holder string) {
+	code, msg := errorCode(stateError(locktable.CodeLockHeld, lock, holder))
+	b, _ := json.Marshal(struct {
+		ID     uint64     `json:"id"`
+		Type   string     `json:"type"`
+		Lock   string     `json:"lock"`
+		Holder string     `json:"holder"`
+		Error  *api.Error `json:"error"`
+	}{id, api.TypeError, lock, holder, &api.Error{Code: code, Message: msg}})
+	wc.w.send(b)
 }
 
 // multiKey is the pending key of a multi-acquire: its names in name order,
@@ -622,7 +641,7 @@ func (wc *wsConn) acquireMany(req api.WSRequest) error {
 	if err == nil && res.Code == locktable.OK {
 		if res.Queued && cmd.WaitMs == 0 {
 			if wc.unpend(key, p) {
-				return stateError(locktable.CodeLockHeld, names[0], "")
+				wc.refuseHeld(req.ID, names[0], "")
 			}
 			return nil
 		}
@@ -638,18 +657,7 @@ func (wc *wsConn) acquireMany(req api.WSRequest) error {
 		return err
 	}
 	if res.Code == locktable.CodeLockHeld {
-		e := stateError(res.Code, res.Lock, res.Holder)
-		code, msg := errorCode(e)
-		// As over HTTP, holder is always there ("" for a lock that is free
-		// but not for a newcomer).
-		b, _ := json.Marshal(struct {
-			ID     uint64     `json:"id"`
-			Type   string     `json:"type"`
-			Lock   string     `json:"lock"`
-			Holder string     `json:"holder"`
-			Error  *api.Error `json:"error"`
-		}{req.ID, api.TypeError, res.Lock, res.Holder, &api.Error{Code: code, Message: msg}})
-		wc.w.send(b)
+		wc.refuseHeld(req.ID, res.Lock, res.Holder)
 		return nil
 	}
 	lock := res.Lock

@@ -219,3 +219,39 @@ func TestWebSocketOldWaitDoesNotAnswerNewAcquire(t *testing.T) {
 		t.Fatalf("the retry must be granted: %+v", m)
 	}
 }
+
+// A refused single-lock try names the lock and its holder in the frame, as
+// the HTTP 409 does, and as a refused multi-acquire does.
+func TestWebSocketRefusedTryNamesHolder(t *testing.T) {
+	f := newFake()
+	srv := httptest.NewServer(New(Config{Backend: f}))
+	defer srv.Close()
+
+	a := dialWS(t, srv)
+	a.send(`{"id":1,"op":"hello","client_id":"A"}`)
+	if m := a.recv(); m.Type != api.TypeHello {
+		t.Fatalf("hello A: %+v", m)
+	}
+	a.send(`{"id":2,"op":"acquire","lock":"x"}`)
+	if m := a.recv(); m.Type != api.TypeGranted {
+		t.Fatalf("acquire: %+v", m)
+	}
+	b := dialWS(t, srv)
+	b.send(`{"id":1,"op":"hello","client_id":"B"}`)
+	if m := b.recv(); m.Type != api.TypeHello {
+		t.Fatalf("hello B: %+v", m)
+	}
+	b.send(`{"id":2,"op":"acquire","lock":"x"}`)
+	m := b.recv()
+	if m.Type != api.TypeError || m.ID != 2 || m.Error == nil || m.Error.Code != api.CodeLockHeld || m.Lock != "x" || m.Holder != "A" {
+		t.Fatalf("refused try: %+v", m)
+	}
+	// A try while this connection's own earlier acquire waits: refused at
+	// once, naming the holder; the wait keeps its place.
+	b.send(`{"id":3,"op":"acquire","lock":"x","wait_timeout_ms":5000}`)
+	b.send(`{"id":4,"op":"acquire","lock":"x"}`)
+	m = b.recv()
+	if m.Type != api.TypeError || m.ID != 4 || m.Error == nil || m.Error.Code != api.CodeLockHeld || m.Lock != "x" || m.Holder != "A" {
+		t.Fatalf("try behind a wait: %+v", m)
+	}
+}
