@@ -704,7 +704,7 @@ export class Client {
     let m: ServerFrame;
     try {
       conn.send(hello);
-      m = await raceSignal(Promise.race([conn.first.promise, conn.done.promise.then(() => Promise.reject(new ConnLostError("the connection closed before the hello was answered")))]), attempt);
+      m = await raceSignal(conn.first.promise, attempt); // teardown rejects it if the connection closes first
     } catch (e) {
       ws.terminate();
       return { err: new Error(`lockd: ${base}: hello: ${describe(e)}`, { cause: e }) };

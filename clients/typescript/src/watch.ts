@@ -267,7 +267,7 @@ export class Watch implements AsyncIterableIterator<WatchChange> {
     if (!m.status) return;
     const st = toLockStatus(m.status);
     const name = m.lock || st.lock;
-    const idx = m.index ?? st.index;
+    const idx = m.index ? m.index : st.index;
     const resync = this.rereading;
     if (this.lock !== undefined) this.rereading = false; // a single lock's first picture is one frame
     else if (this.rereading) this.seen.add(name);

@@ -28,6 +28,11 @@ export interface FieldSpec {
   kind: FieldKind;
   /** The frame is malformed without it. */
   required?: boolean;
+  /**
+   * A required integer that the server leaves out when it is 0 (its
+   * encoder omits empty fields): absent decodes as 0.
+   */
+  absentIsZero?: boolean;
 }
 
 export type Shape = Record<string, FieldSpec>;
@@ -222,7 +227,9 @@ export const serverFrameShapes = {
     type: { kind: { const: "changed" }, required: true },
     watch_id: reqInt,
     lock: reqStr,
-    index: reqU64,
+    // The initial frame of a lock that never had state, in a cluster that
+    // dropped no lock yet, has index 0, and the server leaves it out.
+    index: { kind: "u64", required: true, absentIsZero: true },
     status: { kind: { object: lockStatusShape }, required: true },
   },
   resync: {
@@ -444,6 +451,10 @@ function decodeShape(v: unknown, shape: Shape, path: string): Record<string, unk
   for (const [k, spec] of Object.entries(shape)) {
     const x = v[k];
     if (x === undefined || x === null) {
+      if (spec.absentIsZero) {
+        out[k] = spec.kind === "u64" ? 0n : 0;
+        continue;
+      }
       if (spec.required) throw new DecodeError(`lockd: ${path}: ${k} is missing`);
       continue;
     }

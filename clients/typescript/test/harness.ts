@@ -140,9 +140,11 @@ export class Member {
     readonly raftPort: number,
     private readonly args: string[],
     readonly scheme: "http" | "https" = "http",
+    cluster = 0,
   ) {
-    this.dataDir = join(work(), id);
-    this.log = join(work(), `${id}.log`);
+    const dir = join(work(), `cluster-${cluster}`);
+    this.dataDir = join(dir, id);
+    this.log = join(dir, `${id}.log`);
     mkdirSync(this.dataDir, { recursive: true });
   }
 
@@ -187,6 +189,8 @@ export class Member {
   }
 }
 
+let clusters = 0;
+
 /** A cluster of lockd members on loopback. */
 export class Cluster {
   private constructor(readonly members: Member[]) {}
@@ -196,11 +200,21 @@ export class Cluster {
     const ports = [];
     for (let i = 0; i < n; i++) ports.push({ http: await freePort(), raft: await freePort() });
     const ic = ports.map((p, i) => `n${i + 1}=127.0.0.1:${p.raft}`).join(",");
-    const members = ports.map((p, i) => new Member(`n${i + 1}`, p.http, p.raft, [...(n > 1 ? ["--initial-cluster", ic] : []), ...(o.extraArgs ?? [])], o.scheme));
+    const k = ++clusters;
+    const members = ports.map((p, i) => new Member(`n${i + 1}`, p.http, p.raft, [...(n > 1 ? ["--initial-cluster", ic] : []), ...(o.extraArgs ?? [])], o.scheme, k));
     const c = new Cluster(members);
     for (const m of members) m.start();
     if (o.scheme !== "https") await c.ready();
     return c;
+  }
+
+  /** startStopped makes n members of one cluster without starting them (start each with member.start()). */
+  static async startStopped(n: number, o: MemberOptions = {}): Promise<Cluster> {
+    const ports = [];
+    for (let i = 0; i < n; i++) ports.push({ http: await freePort(), raft: await freePort() });
+    const ic = ports.map((p, i) => `n${i + 1}=127.0.0.1:${p.raft}`).join(",");
+    const k = ++clusters;
+    return new Cluster(ports.map((p, i) => new Member(`n${i + 1}`, p.http, p.raft, [...(n > 1 ? ["--initial-cluster", ic] : []), ...(o.extraArgs ?? [])], o.scheme, k)));
   }
 
   /** The members' URLs, for ClientOptions.endpoints. */
@@ -342,4 +356,14 @@ export async function fencedPut(url: string, key: string, value: string, headers
 /** elapsed measures milliseconds since start (performance.now()). */
 export function since(start: number): number {
   return performance.now() - start;
+}
+
+/** within resolves as p does, or fails naming what did not happen within ms. */
+export async function within<T>(p: Promise<T>, ms: number, what: string | (() => string)): Promise<T> {
+  let t: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([p, new Promise<never>((_, rej) => (t = setTimeout(() => rej(new Error(`${typeof what === "string" ? what : what()}: not within ${ms} ms`)), ms)))]);
+  } finally {
+    clearTimeout(t);
+  }
 }
