@@ -112,3 +112,48 @@ export function raceSignal<T>(p: Promise<T>, signal: AbortSignal | undefined): P
     );
   });
 }
+
+/** A signal linked to others: see linked. */
+export interface Linked {
+  signal: AbortSignal;
+  /** Unhooks it from its parents and clears its timer; call it when done. */
+  dispose(): void;
+}
+
+/**
+ * linked returns a signal that aborts when any of parents does (with its
+ * reason) or, with ms, after ms (with a TimeoutError). Unlike
+ * AbortSignal.any it can be unhooked from long-lived parents (the client's
+ * own, a caller's) once done with, so that calls made in a loop over hours
+ * leave nothing behind on them.
+ */
+export function linked(parents: Array<AbortSignal | undefined>, ms?: number): Linked {
+  const ac = new AbortController();
+  const hooks: Array<[AbortSignal, () => void]> = [];
+  let timer: NodeJS.Timeout | undefined;
+  const dispose = () => {
+    for (const [p, f] of hooks) p.removeEventListener("abort", f);
+    hooks.length = 0;
+    clearTimeout(timer);
+  };
+  for (const p of parents) {
+    if (!p) continue;
+    if (p.aborted) {
+      ac.abort(p.reason);
+      return { signal: ac.signal, dispose };
+    }
+    const f = () => {
+      ac.abort(p.reason);
+      dispose();
+    };
+    p.addEventListener("abort", f, { once: true });
+    hooks.push([p, f]);
+  }
+  if (ms !== undefined) {
+    timer = setTimeout(() => {
+      ac.abort(new DOMException(`timed out after ${ms} ms`, "TimeoutError"));
+      dispose();
+    }, Math.max(0, ms));
+  }
+  return { signal: ac.signal, dispose };
+}

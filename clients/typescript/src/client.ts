@@ -10,9 +10,11 @@
 // It is the Go client's model (client/ in this repository) in Node's terms:
 // one event loop instead of a mutex, AbortSignals instead of contexts.
 
-import WebSocket from "ws";
-import { Backoff, Notifier, deferred, raceSignal, sleep, type Deferred } from "./backoff.js";
-import { type ClientOptions, type Config, checkLockName, checkValue, configure, limits } from "./config.js";
+import type WebSocket from "ws";
+import { type AcquireOp, type AcquireOptions, type AcquireOpts, checkAcquireOptions, describeNames, lockSet, newOp, sameNames } from "./acquire.js";
+import { Backoff, Notifier, deferred, linked, raceSignal, sleep } from "./backoff.js";
+import { type ClientOptions, type Config, checkLockName, configure, limits } from "./config.js";
+import { Conn, ConnLostError, type RoundTrip, UpgradeRefused, openSocket, wsURL } from "./conn.js";
 import {
   ClosedError,
   CancelledError,
@@ -36,10 +38,11 @@ import { Election } from "./election.js";
 import { HttpApi, describe, errorFromReply, lockPath } from "./http.js";
 import { Lock } from "./lock.js";
 import { Trust } from "./redirect.js";
+import { Session, leaseEnd, now } from "./session.js";
 import { type LockStatus, toHolder, toLockStatus } from "./status.js";
 import { Watch, type WatchOptions } from "./watch.js";
 import {
-  DecodeError,
+  type DecodeError,
   type RequestFields,
   type RequestKind,
   type ServerFrame,
@@ -47,226 +50,20 @@ import {
   type WireLockStatus,
   type WireRevokeReply,
   decodeBody,
-  decodeFrame,
   encodeRequest,
   holderPageShape,
   lockStatusShape,
   revokeReplyShape,
 } from "./wire.js";
 
-/** now is the monotonic clock every lease is counted on (ms). */
-export const now = (): number => performance.now();
+export type { AcquireOptions } from "./acquire.js";
+export { Session } from "./session.js";
 
 /** How long past an explicit wait's deadline an acquire still waits for the server's answer. */
 const waitSlackMs = 1000;
 
 /** Bounds the not_leader hops from one endpoint in one round. */
 const maxLeaderHops = 3;
-
-/** Options of acquire, tryAcquire, acquireMany and withLock. */
-export interface AcquireOptions {
-  /**
-   * How long to wait in the lock's queue; when it runs out the acquire
-   * rejects with a WaitTimeoutError. Without it the acquire waits until it
-   * is granted or `signal` aborts (the wait is sent in periods of at most
-   * 10 minutes; a new period queues again at the end of the queue).
-   */
-  waitTimeoutMs?: number;
-  /**
-   * A TTL of the lock's own on top of the session: it is lost when not
-   * renewed within ttlMs (see autoRenew and Lock.renew), or when the
-   * session ends, whichever is first. Without it the lock lives as long as
-   * the session.
-   */
-  ttlMs?: number;
-  /** Renew a lock with ttlMs every third of its TTL until it is released or lost. */
-  autoRenew?: boolean;
-  /** "exclusive" (default) or "shared" (a read-write lock: shared holders coexist, never with an exclusive one). */
-  mode?: "exclusive" | "shared";
-  /** Make the lock a semaphore of `limit` permits (1–10 000); the acquire that creates the lock sets it. */
-  limit?: number;
-  /** The grant's value (valid UTF-8, at most 4096 bytes), shown in the lock's status. */
-  value?: string;
-  /** When the grant ends without a release (TTL, session expiry, revocation), nobody gets the lock for this long (0–60 000 ms). */
-  lockDelayMs?: number;
-  /**
-   * Aborting it gives up the acquire: it rejects with the signal's reason,
-   * and a wait queued on the server is withdrawn (SPEC 18 cancel); a grant
-   * that committed meanwhile is released.
-   */
-  signal?: AbortSignal;
-}
-
-/** @internal The acquire options, checked. */
-interface AcquireOpts {
-  ttlMs: number;
-  wait: number;
-  waitSet: boolean;
-  autoRenew: boolean;
-  mode: "exclusive" | "shared" | undefined;
-  limit: number;
-  lockDelayMs: number;
-  value: string | undefined;
-  signal: AbortSignal | undefined;
-}
-
-/** @internal One server session as the client sees it. */
-export class Session {
-  lost = false;
-  err: LockdError | undefined;
-  readonly ac = new AbortController();
-  constructor(
-    readonly id: string,
-    public ttlMs: number,
-    /** The local lease: send time of the last keepalive (or hello) the leader confirmed + ttlMs. */
-    public deadline: number,
-  ) {}
-
-  /** setTtl takes the session TTL the server reports; a shorter one shortens the lease at once. */
-  setTtl(ttlMs: number | undefined): void {
-    if (!ttlMs || ttlMs <= 0 || ttlMs === this.ttlMs) return;
-    if (ttlMs < this.ttlMs) this.deadline += ttlMs - this.ttlMs;
-    this.ttlMs = ttlMs;
-  }
-}
-
-/** @internal The lost connection: the caller may retry on the next one. */
-export class ConnLostError extends Error {
-  override name = "ConnLostError";
-}
-
-/** @internal One WebSocket connection to the leader. */
-export class Conn {
-  readonly calls = new Map<number, Deferred<ServerFrame>>();
-  /** Watches on this connection: by the server's watch_id, by the id of a watch request awaiting its answer, and unwatch requests. */
-  readonly watchIds = new Map<number, Watch>();
-  readonly watchReqs = new Map<number, Watch>();
-  readonly unwatches = new Set<number>();
-  readonly ac = new AbortController();
-  readonly done = deferred<void>();
-  readonly first = deferred<ServerFrame>();
-  sess: Session | undefined;
-  resumed = false;
-  installed = false;
-  closed = false;
-  private early: ServerFrame[] = [];
-  private sawFirst = false;
-
-  constructor(
-    readonly ws: WebSocket,
-    readonly base: string,
-    private readonly client: Client,
-  ) {
-    ws.on("message", (data: Buffer, isBinary: boolean) => this.onMessage(data, isBinary));
-    ws.on("close", () => client.teardown(this));
-    ws.on("error", (e) => client.log("debug", "lockd: connection error", { leader: base, err: e.message }));
-  }
-
-  private onMessage(data: Buffer, isBinary: boolean): void {
-    if (isBinary) {
-      this.client.log("warn", "lockd: a binary frame from the server; ignored", { leader: this.base });
-      return;
-    }
-    const text = data.toString("utf8");
-    let m: ServerFrame;
-    try {
-      m = decodeFrame(text);
-    } catch (e) {
-      this.client.log("warn", "lockd: a malformed frame from the server", { leader: this.base, err: (e as Error).message });
-      if (!this.sawFirst) {
-        this.sawFirst = true;
-        this.first.reject(e);
-        return;
-      }
-      this.client.onMalformed(this, text, e as DecodeError);
-      return;
-    }
-    if (!this.sawFirst) {
-      this.sawFirst = true;
-      this.first.resolve(m);
-      return;
-    }
-    if (this.installed) this.client.dispatch(this, m);
-    else this.early.push(m);
-  }
-
-  /** takeEarly returns the frames that came between the hello and install. */
-  takeEarly(): ServerFrame[] {
-    const e = this.early;
-    this.early = [];
-    return e;
-  }
-
-  /** send writes one frame; false when the connection cannot take it (it is closing). */
-  send(text: string): boolean {
-    if (this.closed || this.ws.readyState !== WebSocket.OPEN) return false;
-    this.ws.send(text, (err) => {
-      if (err) this.client.kill(this, `write failed: ${err.message}`);
-    });
-    return true;
-  }
-}
-
-/** @internal The outcome of a request: its reply, or why there is none. sentAt is 0 when nothing was sent. */
-export interface RoundTrip {
-  m?: ServerFrame;
-  sentAt: number;
-  err?: unknown;
-}
-
-/** @internal An acquire waiting for its grant. It outlives a connection: it is re-sent on the next one and keeps its place. */
-interface AcquireOp {
-  names: string[];
-  o: AcquireOpts;
-  try: boolean;
-  /** The end of an explicit wait (now() time). */
-  deadline: number;
-  /** The caller went away; a grant that still comes is released. */
-  abandoned: boolean;
-  /** The withdrawal of an abandoned wait: not asked, asked, answered (withdrawn or nothing queued), or not supported by the server. */
-  cancel: "none" | "sent" | "withdrawn" | "notQueued" | "unsupported";
-  cancelChanged: Notifier;
-  /** Requests sent for this wait, over every caller that adopted it; the last TTL one of them carried. */
-  sends: number;
-  lastTtl: number;
-  /** Granted; a renew is confirming the lease before the lock is handed out. */
-  confirming: boolean;
-  sess: Session | undefined;
-  conn: Conn | undefined;
-  /** It went out on an earlier connection that failed before the answer (see LockdError.maybeGrantedLost). */
-  resent: boolean;
-  reqId: number;
-  sentAt: number;
-  /** When the server's wait of the last send ends (now() time). */
-  serverDeadline: number;
-  overloadBackoff: Backoff | undefined;
-  done: Deferred<Lock[]>;
-  finished: boolean;
-}
-
-function sameNames(a: string[], b: string[]): boolean {
-  return a.length === b.length && a.every((x, i) => x === b[i]);
-}
-
-function describeNames(names: string[]): string {
-  return names.length === 1 ? `lock ${names[0]}` : `locks ${names.join(", ")}`;
-}
-
-/** What opening a WebSocket to a member got instead of an upgrade. */
-class UpgradeRefused extends Error {
-  constructor(
-    readonly status: number,
-    readonly headers: Record<string, string | string[] | undefined>,
-    readonly body: string,
-  ) {
-    super(`WebSocket upgrade refused: HTTP ${status}`);
-  }
-}
-
-/** The WebSocket URL of a member's base URL. */
-function wsURL(base: string): string {
-  return base.replace(/^http/, "ws") + "/api/v1/ws";
-}
 
 /**
  * Client is one lockd session over one WebSocket connection to the
@@ -318,12 +115,10 @@ export class Client {
    */
   static async connect(options: ClientOptions): Promise<Client> {
     const c = new Client(configure(options));
-    const signals = [c.closeAc.signal];
-    if (c.cfg.signal) signals.push(c.cfg.signal);
-    if (c.cfg.dialTimeoutMs > 0) signals.push(AbortSignal.timeout(c.cfg.dialTimeoutMs));
+    const bound = linked([c.closeAc.signal, c.cfg.signal], c.cfg.dialTimeoutMs > 0 ? c.cfg.dialTimeoutMs : undefined);
     let conn: Conn;
     try {
-      conn = await c.connectLoop(true, AbortSignal.any(signals));
+      conn = await c.connectLoop(true, bound.signal);
     } catch (e) {
       c.closed = true;
       c.closeAc.abort();
@@ -332,6 +127,8 @@ export class Client {
         throw c.cfg.signal.reason;
       }
       throw e;
+    } finally {
+      bound.dispose();
     }
     c.spawn(c.run(conn));
     return c;
@@ -365,7 +162,7 @@ export class Client {
    */
   async acquire(name: string, options: AcquireOptions = {}): Promise<Lock> {
     checkLockName(name);
-    const ls = await this.acquireNames([name], this.acquireOpts(options, false), false);
+    const ls = await this.acquireNames([name], checkAcquireOptions(options, false), false);
     return ls[0]!;
   }
 
@@ -379,7 +176,7 @@ export class Client {
    */
   async tryAcquire(name: string, options: Omit<AcquireOptions, "waitTimeoutMs"> = {}): Promise<Lock> {
     checkLockName(name);
-    const ls = await this.acquireNames([name], this.acquireOpts(options, true), true);
+    const ls = await this.acquireNames([name], checkAcquireOptions(options, true), true);
     return ls[0]!;
   }
 
@@ -394,12 +191,12 @@ export class Client {
    * alone.
    */
   async acquireMany(names: string[], options: AcquireOptions = {}): Promise<Lock[]> {
-    return this.acquireNames(this.lockSet(names), this.acquireOpts(options, false, true), false);
+    return this.acquireNames(lockSet(names), checkAcquireOptions(options, false, true), false);
   }
 
   /** tryAcquireMany is acquireMany without waiting: every lock if all can be granted now, else a LockHeldError naming the first blocking lock and its holder. */
   async tryAcquireMany(names: string[], options: Omit<AcquireOptions, "waitTimeoutMs"> = {}): Promise<Lock[]> {
-    return this.acquireNames(this.lockSet(names), this.acquireOpts(options, true, true), true);
+    return this.acquireNames(lockSet(names), checkAcquireOptions(options, true, true), true);
   }
 
   /**
@@ -412,15 +209,17 @@ export class Client {
    */
   async withLock<T>(name: string, fn: (signal: AbortSignal, fencingToken: bigint, lock: Lock) => T | Promise<T>, options: AcquireOptions = {}): Promise<T> {
     const lock = await this.acquire(name, options);
-    const signal = options.signal ? AbortSignal.any([lock.signal, options.signal]) : lock.signal;
+    const link = linked([lock.signal, options.signal]);
     let result: T | undefined;
     let failed = false;
     let ferr: unknown;
     try {
-      result = await fn(signal, lock.fencingToken, lock);
+      result = await fn(link.signal, lock.fencingToken, lock);
     } catch (e) {
       failed = true;
       ferr = e;
+    } finally {
+      link.dispose();
     }
     const lost = lock.reason;
     let rerr: unknown;
@@ -500,6 +299,8 @@ export class Client {
 
   private async doClose(): Promise<void> {
     this.closed = true;
+    this.connChanged.notify(); // wakes waitConn, which sees closed
+    this.relChanged.notify();
     const closedErr = new ClosedError();
     for (const l of [...this.locks.values()]) l.lose(closedErr);
     for (const op of new Set(this.ops.values())) this.finish(op, undefined, closedErr);
@@ -525,6 +326,7 @@ export class Client {
     }
     this.closeAc.abort();
     if (this.cur) this.kill(this.cur, "");
+
     clearTimeout(this.leaseTimer);
     this.leaseTimer = undefined;
     const bound = new AbortController();
@@ -609,60 +411,20 @@ export class Client {
     }
   }
 
-  /** openSocket opens a WebSocket to url; it rejects with UpgradeRefused when the member answers something else. */
-  private openSocket(url: string, signal: AbortSignal): Promise<WebSocket> {
-    return new Promise((resolve, reject) => {
-      const headers: Record<string, string> = {};
-      if (this.cfg.token) headers.Authorization = `Bearer ${this.cfg.token}`;
-      const tls = this.cfg.tls;
-      const ws = new WebSocket(url, {
-        headers,
-        followRedirects: false,
-        handshakeTimeout: this.cfg.attemptTimeoutMs,
-        maxPayload: 4 * 65536,
-        perMessageDeflate: false,
-        ...(tls ? { ca: tls.ca, cert: tls.cert, key: tls.key, rejectUnauthorized: tls.rejectUnauthorized ?? true } : {}),
-      });
-      let settled = false;
-      const settle = (err: unknown, ok?: WebSocket) => {
-        if (settled) return;
-        settled = true;
-        signal.removeEventListener("abort", onAbort);
-        if (ok) resolve(ok);
-        else reject(err);
-      };
-      const onAbort = () => {
-        ws.terminate();
-        settle(signal.reason ?? new Error("aborted"));
-      };
-      signal.addEventListener("abort", onAbort, { once: true });
-      ws.on("error", (e) => settle(e));
-      ws.on("open", () => settle(undefined, ws));
-      ws.on("unexpected-response", (req, res) => {
-        const chunks: Buffer[] = [];
-        let size = 0;
-        res.on("data", (c: Buffer) => {
-          size += c.length;
-          if (size <= 4096) chunks.push(c);
-        });
-        const done = () => {
-          settle(new UpgradeRefused(res.statusCode ?? 0, res.headers, Buffer.concat(chunks).toString("utf8")));
-          req.destroy();
-          ws.terminate();
-        };
-        res.on("end", done);
-        res.on("error", done);
-        res.on("aborted", done);
-      });
-    });
-  }
-
   /** tryMember connects to the member at base and establishes the session there; or says where to go next, or why not. */
   private async tryMember(base: string, signal: AbortSignal): Promise<{ conn?: Conn; next?: string; err?: unknown }> {
-    const attempt = AbortSignal.any([signal, AbortSignal.timeout(this.cfg.attemptTimeoutMs)]);
+    const link = linked([signal], this.cfg.attemptTimeoutMs);
+    try {
+      return await this.tryMemberWithin(base, link.signal);
+    } finally {
+      link.dispose();
+    }
+  }
+
+  private async tryMemberWithin(base: string, attempt: AbortSignal): Promise<{ conn?: Conn; next?: string; err?: unknown }> {
     let ws: WebSocket;
     try {
-      ws = await this.openSocket(wsURL(base), attempt);
+      ws = await openSocket(wsURL(base), this.cfg, attempt);
     } catch (e) {
       if (!(e instanceof UpgradeRefused)) {
         return { err: new Error(`lockd: ${base}: ${describe(e)}`, { cause: e }) };
@@ -756,7 +518,7 @@ export class Client {
     this.orphans = [];
     for (let i = 0; i < orphans.length; i++) {
       try {
-        await this.deleteSession(orphans[i]!, AbortSignal.any([attempt, AbortSignal.timeout(this.cfg.attemptTimeoutMs)]));
+        await this.deleteSession(orphans[i]!, attempt);
       } catch (e) {
         this.orphans.push(...orphans.slice(i));
         ws.terminate();
@@ -872,8 +634,7 @@ export class Client {
       if (this.closed) throw new ClosedError();
       if (s?.lost) throw s.err;
       if (this.cur && (s === undefined || this.sess === s)) return this.cur;
-      const changed = this.connChanged.wait();
-      await raceSignal(Promise.race([changed, sleep(3_600_000, this.closeAc.signal)]), signal);
+      await raceSignal(this.connChanged.wait(), signal); // close() notifies too
     }
   }
 
@@ -909,9 +670,10 @@ export class Client {
           case "overloaded": {
             const wait = Math.max(bo.next(), m.retry_after_ms ?? 0);
             this.log("info", "lockd: the leader is overloaded, retrying", { op: kind, wait });
-            if (!(await sleep(wait, signal ? AbortSignal.any([signal, this.closeAc.signal]) : this.closeAc.signal))) {
-              return { sentAt: first, err: signal?.aborted ? signal.reason : new ClosedError() };
-            }
+            const link = linked([signal, this.closeAc.signal]);
+            const slept = await sleep(wait, link.signal);
+            link.dispose();
+            if (!slept) return { sentAt: first, err: signal?.aborted ? signal.reason : new ClosedError() };
             continue;
           }
           case "session_expired":
@@ -1064,11 +826,8 @@ export class Client {
 
   // --- sessions and leases ---
 
-  /** leaseEnd is when a lease whose request was sent at deadline-ttl counts as run out: deadline less the margin. */
   private leaseEnd(deadline: number, ttl: number): number {
-    let margin = this.cfg.leaseMarginMs;
-    if (margin === undefined) margin = Math.min(ttl / 20, 100) + ttl / 1000;
-    return deadline - Math.max(0, margin);
+    return leaseEnd(deadline, ttl, this.cfg.leaseMarginMs);
   }
 
   /** @internal The local lease of a lock as a wall-clock Date. */
@@ -1154,59 +913,6 @@ export class Client {
 
   // --- acquire ---
 
-  private acquireOpts(o: AcquireOptions, tryOnly: boolean, multi = false): AcquireOpts {
-    if (o === null || typeof o !== "object") throw new InvalidArgumentError("lockd: options must be an object");
-    const int = (name: string, v: number | undefined, lo: number, hi: number) => {
-      if (v !== undefined && (!Number.isSafeInteger(v) || v < lo || v > hi)) {
-        throw new InvalidArgumentError(`lockd: ${name} ${v} out of range ${lo}–${hi}`);
-      }
-    };
-    if (tryOnly && (o as AcquireOptions).waitTimeoutMs !== undefined) {
-      throw new InvalidArgumentError("lockd: a try does not wait: no waitTimeoutMs");
-    }
-    int("waitTimeoutMs", o.waitTimeoutMs, 0, limits.maxWaitTimeoutMs);
-    int("ttlMs", o.ttlMs, limits.minTtlMs, limits.maxTtlMs);
-    int("limit", o.limit, 1, limits.maxLimit);
-    int("lockDelayMs", o.lockDelayMs, 0, limits.maxLockDelayMs);
-    if (o.mode !== undefined && o.mode !== "exclusive" && o.mode !== "shared") {
-      throw new InvalidArgumentError(`lockd: mode ${JSON.stringify(o.mode)} is neither "exclusive" nor "shared"`);
-    }
-    if (o.mode === "shared" && (o.limit ?? 1) > 1) {
-      throw new InvalidArgumentError(`lockd: a shared lock has no limit above 1 (got ${o.limit})`);
-    }
-    if (multi && (o.limit ?? 1) > 1) {
-      throw new InvalidArgumentError(`lockd: acquireMany takes limit-1 locks only (got limit ${o.limit})`);
-    }
-    if (o.value !== undefined) checkValue(o.value);
-    if (o.autoRenew && o.ttlMs === undefined) {
-      throw new InvalidArgumentError("lockd: autoRenew needs ttlMs (a lock without a TTL of its own lives with the session)");
-    }
-    return {
-      ttlMs: o.ttlMs ?? 0,
-      wait: tryOnly ? 0 : (o.waitTimeoutMs ?? 0),
-      waitSet: tryOnly || o.waitTimeoutMs !== undefined,
-      autoRenew: o.autoRenew ?? false,
-      mode: o.mode,
-      limit: o.limit ?? 0,
-      lockDelayMs: o.lockDelayMs ?? 0,
-      value: o.value,
-      signal: o.signal,
-    };
-  }
-
-  /** lockSet checks a multi-acquire's names and sorts a copy of them. */
-  private lockSet(names: string[]): string[] {
-    if (!Array.isArray(names) || names.length < 2 || names.length > limits.maxMultiLocks) {
-      throw new InvalidArgumentError(`lockd: acquireMany takes 2–${limits.maxMultiLocks} names, got ${Array.isArray(names) ? names.length : typeof names}`);
-    }
-    for (const n of names) checkLockName(n);
-    const ns = [...names].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
-    for (let i = 1; i < ns.length; i++) {
-      if (ns[i] === ns[i - 1]) throw new InvalidArgumentError(`lockd: acquireMany names lock ${ns[i]} twice`);
-    }
-    return ns;
-  }
-
   /** acquireNames takes names (one, or a multi-acquire's in name order). */
   private async acquireNames(names: string[], o: AcquireOpts, tryOnly: boolean): Promise<Lock[]> {
     const signal = o.signal;
@@ -1245,7 +951,12 @@ export class Client {
         if (busy) break;
       }
       if (!busy) {
-        op = adopt ?? this.newOp(names);
+        if (!adopt) {
+          op = newOp(names, o);
+          for (const n of names) this.ops.set(n, op);
+        } else {
+          op = adopt;
+        }
         op.o = o;
         op.try = tryOnly;
         op.abandoned = false;
@@ -1256,56 +967,45 @@ export class Client {
         break;
       }
       if (tryOnly && !releasing) throw here!;
-      await raceSignal(Promise.race([busy, sleep(3_600_000, this.closeAc.signal)]), signal);
+      await raceSignal(busy, signal); // close() ends every one of them
     }
 
+    // Whichever comes first — the answer, the caller's abort, the local
+    // bound of an explicit wait — decides, in one callback: a grant the
+    // caller did not take is released, never handed out and released both.
     const theOp = op;
-    const waiters: Array<Promise<Lock[]>> = [theOp.done.promise];
-    let timer: NodeJS.Timeout | undefined;
-    if (o.waitSet && !tryOnly) {
-      waiters.push(
-        new Promise((_, reject) => {
-          timer = setTimeout(() => {
-            this.abandon(theOp);
-            reject(new WaitTimeoutError(`lockd: wait_timeout: ${describeNames(names)}: no answer from the leader within the wait`, { lock: names[0] }));
-          }, Math.max(0, theOp.deadline - now()) + waitSlackMs);
-        }),
+    return new Promise<Lock[]>((resolve, reject) => {
+      let settled = false;
+      let timer: NodeJS.Timeout | undefined;
+      const settle = (f: () => void) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        signal?.removeEventListener("abort", onAbort);
+        f();
+      };
+      const onAbort = () =>
+        settle(() => {
+          this.abandon(theOp);
+          reject(signal!.reason);
+        });
+      theOp.done.promise.then(
+        (ls) => settle(() => resolve(ls)),
+        (e) => settle(() => reject(e)),
       );
-    }
-    const onAbort = () => this.abandon(theOp);
-    signal?.addEventListener("abort", onAbort, { once: true });
-    try {
-      return await raceSignal(Promise.race(waiters), signal);
-    } finally {
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", onAbort);
-    }
-  }
-
-  private newOp(names: string[]): AcquireOp {
-    const op: AcquireOp = {
-      names,
-      o: undefined as unknown as AcquireOpts,
-      try: false,
-      deadline: 0,
-      abandoned: false,
-      cancel: "none",
-      cancelChanged: new Notifier(),
-      sends: 0,
-      lastTtl: 0,
-      confirming: false,
-      sess: undefined,
-      conn: undefined,
-      resent: false,
-      reqId: 0,
-      sentAt: 0,
-      serverDeadline: 0,
-      overloadBackoff: undefined,
-      done: deferred<Lock[]>(),
-      finished: false,
-    };
-    for (const n of names) this.ops.set(n, op);
-    return op;
+      if (o.waitSet && !tryOnly) {
+        timer = setTimeout(
+          () =>
+            settle(() => {
+              this.abandon(theOp);
+              reject(new WaitTimeoutError(`lockd: wait_timeout: ${describeNames(names)}: no answer from the leader within the wait`, { lock: names[0] }));
+            }),
+          Math.max(0, theOp.deadline - now()) + waitSlackMs,
+        );
+      }
+      signal?.addEventListener("abort", onAbort, { once: true });
+      if (signal?.aborted) onAbort();
+    });
   }
 
   /**
@@ -1596,7 +1296,9 @@ export class Client {
     this.spawn(
       (async () => {
         try {
-          const r = await this.roundTrip(l.sess, "release", { lock: l.name, fencing_token: l.fencingToken }, AbortSignal.any([AbortSignal.timeout(this.cfg.closeTimeoutMs), this.closeAc.signal]));
+          const link = linked([this.closeAc.signal], this.cfg.closeTimeoutMs);
+          const r = await this.roundTrip(l.sess, "release", { lock: l.name, fencing_token: l.fencingToken }, link.signal);
+          link.dispose();
           if (r.m?.type === "ok") {
             l.lose(new ReleasedError(`lockd: lock ${l.name} token ${l.fencingToken} released`, { lock: l.name }));
           } else if (r.err !== undefined && !this.closed) {
@@ -1616,17 +1318,24 @@ export class Client {
   private async autoRenew(l: Lock): Promise<void> {
     const ttl = l.ttlMs;
     let next = ttl / 3;
-    const stop = AbortSignal.any([l.signal, this.closeAc.signal]);
-    for (;;) {
-      if (!(await sleep(next, stop))) return;
-      try {
-        await l.renew(ttl, { signal: AbortSignal.any([stop, AbortSignal.timeout(ttl / 3)]) });
-        next = ttl / 3;
-      } catch (e) {
-        if (l.lost) return;
-        this.log("info", "lockd: auto-renew failed, retrying", { lock: l.name, err: describe(e) });
-        next = Math.max(ttl / 10, 10);
+    const stop = linked([l.signal, this.closeAc.signal]);
+    try {
+      for (;;) {
+        if (!(await sleep(next, stop.signal))) return;
+        const bound = linked([stop.signal], ttl / 3);
+        try {
+          await l.renew(ttl, { signal: bound.signal });
+          next = ttl / 3;
+        } catch (e) {
+          if (l.lost) return;
+          this.log("info", "lockd: auto-renew failed, retrying", { lock: l.name, err: describe(e) });
+          next = Math.max(ttl / 10, 10);
+        } finally {
+          bound.dispose();
+        }
       }
+    } finally {
+      stop.dispose();
     }
   }
 
@@ -1644,15 +1353,19 @@ export class Client {
    */
   private async recheck(conn: Conn): Promise<void> {
     const ls = [...this.locks.values()].filter((l) => l.sess === conn.sess && !l.lost).sort((a, b) => (a.name < b.name ? -1 : 1));
-    const signal = AbortSignal.any([AbortSignal.timeout(conn.sess!.ttlMs), this.closeAc.signal]);
-    for (const l of ls) {
-      if (l.lost) continue;
-      try {
-        await this.recheckLock(l, signal);
-      } catch (e) {
-        if (!this.closed) this.log("warn", "lockd: could not check a lock after resuming the session", { lock: l.name, token: String(l.fencingToken), err: describe(e) });
-        if (signal.aborted) return;
+    const link = linked([this.closeAc.signal], conn.sess!.ttlMs);
+    try {
+      for (const l of ls) {
+        if (l.lost) continue;
+        try {
+          await this.recheckLock(l, link.signal);
+        } catch (e) {
+          if (!this.closed) this.log("warn", "lockd: could not check a lock after resuming the session", { lock: l.name, token: String(l.fencingToken), err: describe(e) });
+          if (link.signal.aborted) return;
+        }
       }
+    } finally {
+      link.dispose();
     }
   }
 

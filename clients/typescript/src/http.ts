@@ -7,7 +7,7 @@
 
 import * as http from "node:http";
 import * as https from "node:https";
-import { Backoff, sleep } from "./backoff.js";
+import { Backoff, linked, sleep } from "./backoff.js";
 import type { Config } from "./config.js";
 import {
   HTTPSRequiredError,
@@ -130,7 +130,15 @@ export class HttpApi {
    */
   async call(method: string, path: string, opts: { body?: unknown; signal?: AbortSignal; timeoutMs?: number } = {}): Promise<HttpReply> {
     const timeoutMs = opts.timeoutMs ?? (this.cfg.dialTimeoutMs > 0 ? this.cfg.dialTimeoutMs : 10000);
-    const signal = AbortSignal.any([AbortSignal.timeout(timeoutMs), ...(opts.signal ? [opts.signal] : [])]);
+    const link = linked([opts.signal], timeoutMs);
+    try {
+      return await this.callWithin(method, path, opts, link.signal, timeoutMs);
+    } finally {
+      link.dispose();
+    }
+  }
+
+  private async callWithin(method: string, path: string, opts: { body?: unknown; signal?: AbortSignal }, signal: AbortSignal, timeoutMs: number): Promise<HttpReply> {
     const payload = opts.body === undefined ? undefined : JSON.stringify(opts.body);
     const bo = new Backoff(this.cfg.minBackoffMs, this.cfg.maxBackoffMs);
     let lastErr: unknown;

@@ -1,7 +1,8 @@
 // A granted lock: its fencing token, its loss signal, and release, renew
 // and setValue.
 
-import type { Client, Session } from "./client.js";
+import type { Client } from "./client.js";
+import type { Session } from "./session.js";
 import { checkValue, limits } from "./config.js";
 import {
   InvalidArgumentError,

@@ -8,7 +8,8 @@
 // as free, as of the synced index.
 
 import { type Deferred, deferred, sleep } from "./backoff.js";
-import type { Client, Conn } from "./client.js";
+import type { Client } from "./client.js";
+import type { Conn } from "./conn.js";
 import { checkLockName } from "./config.js";
 import { InvalidArgumentError, type LockdError, serverError } from "./errors.js";
 import { type LockStatus, freeStatus, hasState, toLockStatus } from "./status.js";
