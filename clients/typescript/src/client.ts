@@ -26,6 +26,7 @@ import {
   LockdError,
   NoLeaderError,
   NotHolderError,
+  PermissionDeniedError,
   ReleasedError,
   RevokedError,
   SessionExpiredError,
@@ -137,6 +138,16 @@ export class Client {
   /** The id of the current session ("" before the first). A lost session is replaced by a new one for later calls. */
   get sessionId(): string {
     return this.sess?.id ?? "";
+  }
+
+  /**
+   * A client whose token has read access only (no lock access on any
+   * prefix): the cluster opens no session for it; watch, election observe
+   * and leader, and status work, and acquires reject with a
+   * PermissionDeniedError.
+   */
+  get readOnly(): boolean {
+    return this.sess?.readOnly ?? false;
   }
 
   /** Aborted when the current session is lost (expired on the server, its local lease ran out, or close()); every lock of it is lost with it. */
@@ -312,7 +323,7 @@ export class Client {
       s.lost = true;
       s.err = closedErr;
       s.ac.abort(closedErr);
-      ids.push(s.id);
+      if (!s.readOnly) ids.push(s.id);
     }
     if (this.cur) this.http.setLeader(this.cur.base);
     const errs: unknown[] = [];
@@ -456,7 +467,7 @@ export class Client {
     }
     const conn = new Conn(ws, base, this);
     const s = this.sess;
-    const resume = s !== undefined && !s.lost;
+    const resume = s !== undefined && !s.lost && !s.readOnly;
     const hello = encodeRequest("hello", this.nextId(), {
       client_id: this.clientId,
       session_ttl_ms: this.cfg.sessionTtlMs,
@@ -486,36 +497,52 @@ export class Client {
       }
       return { err };
     }
-    if (m.type !== "hello" || !m.session_id) {
+    const readOnly = m.read_only === true;
+    if (m.type !== "hello" || !m.session_id === !readOnly) {
       ws.terminate();
       return { err: new Error(`lockd: ${base}: hello: unexpected reply ${m.type}`) };
     }
     if (this.closed) {
       ws.terminate();
-      if (!resume) await this.deleteSession(m.session_id, AbortSignal.timeout(this.cfg.closeTimeoutMs)).catch(() => {});
+      if (!resume && m.session_id) await this.deleteSession(m.session_id, AbortSignal.timeout(this.cfg.closeTimeoutMs)).catch(() => {});
       return { err: new ClosedError() };
     }
-    if (resume && (this.sess !== s || s.lost)) {
+    if (readOnly) {
+      // The token has read access only: no session, no lease. The
+      // connection serves watches; the server refuses acquires.
+      if (resume) {
+        this.sessionLost(s, new PermissionDeniedError(`lockd: the token has read access only now: session ${s.id} cannot go on`), false);
+      }
+      if (!this.sess || this.sess.lost || !this.sess.readOnly) this.sess = Session.readOnlySession();
+    } else if (resume && (this.sess !== s || s.lost)) {
       // The local lease ran out during the hello: the session was given up
       // (and will be deleted); start over with a fresh one.
       ws.terminate();
       return { next: base, err: new Error("lockd: the session was lost during the resume") };
-    }
-    if (resume) {
+    } else if (resume) {
       s.setTtl(m.session_ttl_ms);
     } else {
+      if (s && s.readOnly && !s.lost) {
+        // The token gained lock access: the client has a session now.
+        s.lost = true;
+        s.err = new ClosedError("lockd: the read-only connection was replaced by one with a session");
+        s.ac.abort(s.err);
+      }
       const ttl = m.session_ttl_ms ?? this.cfg.sessionTtlMs;
-      this.sess = new Session(m.session_id, ttl, sentAt + ttl);
+      this.sess = new Session(m.session_id!, ttl, sentAt + ttl);
     }
     this.armLease();
     const sess = this.sess!;
     this.http.setLeader(base);
-    this.log("info", "lockd: session established", { leader: base, session: m.session_id, resumed: resume });
+    if (readOnly) this.log("info", "lockd: read-only connection established (the token has read access only: watches, no session)", { leader: base });
+    else this.log("info", "lockd: session established", { leader: base, session: m.session_id, resumed: resume });
 
     // Sessions given up locally may still hold locks on the server under
     // this client id; end them before the new session can acquire anything.
-    const orphans = this.orphans;
-    this.orphans = [];
+    // (A read token may not delete them, and its connection acquires
+    // nothing: they wait for a connection with a session.)
+    const orphans = readOnly ? [] : this.orphans;
+    if (!readOnly) this.orphans = [];
     for (let i = 0; i < orphans.length; i++) {
       try {
         await this.deleteSession(orphans[i]!, attempt);
@@ -545,6 +572,7 @@ export class Client {
     }
     if (this.cur !== conn) return;
     if (conn.resumed) this.spawn(this.recheck(conn));
+    const readOnly = conn.sess!.readOnly;
     for (const op of new Set(this.ops.values())) {
       const f = this.prepAcquire(op, false);
       if (f && !conn.send(f)) return;
@@ -554,7 +582,7 @@ export class Client {
       const f = w.frameFor(conn);
       if (f && !conn.send(f)) return;
     }
-    this.spawn(this.keepalive(conn));
+    if (!readOnly) this.spawn(this.keepalive(conn));
   }
 
   /** run serves the connections one after another until close. */
@@ -784,6 +812,15 @@ export class Client {
             this.kill(conn, "the member's event stream overflowed");
             return;
         }
+        if (m.watch_id) {
+          // The server ended that watch (a token reload took its access away).
+          const w = conn.watchIds.get(m.watch_id);
+          if (w) {
+            conn.watchIds.delete(m.watch_id);
+            w.fail(serverError(code, m.error?.message ?? "", { lock: m.lock }));
+          }
+          return;
+        }
         this.log("warn", "lockd: unsolicited error from the server", { code, id: m.id });
       }
     }
@@ -845,7 +882,7 @@ export class Client {
     const t = now();
     let next = Infinity;
     const s = this.sess;
-    if (s && !s.lost) {
+    if (s && !s.lost && !s.readOnly) {
       const end = this.leaseEnd(s.deadline, s.ttlMs);
       if (t >= end) {
         this.log("warn", "lockd: session lease ran out", { session: s.id, ttlMs: s.ttlMs });
@@ -1185,7 +1222,7 @@ export class Client {
    * confirmed, the others are released.
    */
   private async confirmLease(op: AcquireOp, locks: Lock[], ttl: number): Promise<void> {
-    const got: Array<{ sentAt: number; exp: Date | undefined }> = [];
+    const got: Array<{ sentAt: number; exp: Date | undefined; proof: string | undefined }> = [];
     let err: unknown;
     for (const l of locks) {
       const r = await this.roundTrip(op.sess, "renew", { lock: l.name, fencing_token: l.fencingToken, ttl_ms: ttl }, this.closeAc.signal);
@@ -1193,7 +1230,7 @@ export class Client {
         err = r.err;
       } else if (r.m.type === "ok") {
         const exp = r.m.expires_at ? new Date(r.m.expires_at) : undefined;
-        got.push({ sentAt: r.sentAt, exp: exp && !Number.isNaN(exp.getTime()) ? exp : undefined });
+        got.push({ sentAt: r.sentAt, exp: exp && !Number.isNaN(exp.getTime()) ? exp : undefined, proof: r.m.fencing_proof });
         continue;
       } else {
         err = serverError(r.m.error?.code ?? "internal", `lock ${l.name} was granted (token ${l.fencingToken}) but lost before its lease was confirmed: ${r.m.error?.message ?? ""}`, { lock: l.name });
@@ -1210,6 +1247,7 @@ export class Client {
       l.ttlMs = ttl;
       l.deadline = got[i]!.sentAt + ttl;
       if (got[i]!.exp) l.expires = got[i]!.exp;
+      if (got[i]!.proof) l.proof = got[i]!.proof;
     });
     this.grant(op, locks);
   }

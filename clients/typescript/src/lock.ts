@@ -42,8 +42,7 @@ export class Lock {
   readonly name: string;
   /** The grant's fencing token: pass it to every resource the critical section writes to. */
   readonly fencingToken: bigint;
-  /** The fencing proof the server signed for this grant (lockd --signing-key), if any. */
-  readonly fencingProof: string | undefined;
+  /** @internal */ proof: string | undefined;
   /** The grant's mode: "shared", or "exclusive" (a semaphore's permits included). */
   readonly mode: "exclusive" | "shared";
 
@@ -64,9 +63,18 @@ export class Lock {
     this.sess = sess;
     this.name = name;
     this.fencingToken = token;
-    this.fencingProof = proof || undefined;
+    this.proof = proof || undefined;
     this.mode = mode;
     this.expires = expires;
+  }
+
+  /**
+   * The fencing proof the server signed for this grant (lockd
+   * --signing-key), if any; a renew brings a fresh one for the new expiry,
+   * so read it at each write.
+   */
+  get fencingProof(): string | undefined {
+    return this.proof;
   }
 
   /** Aborted the moment the lock stops being held; its reason says why. */
@@ -189,6 +197,7 @@ export class Lock {
       this.deadline = r.sentAt + ttl;
       const exp = m.expires_at ? new Date(m.expires_at) : undefined;
       if (exp && !Number.isNaN(exp.getTime())) this.expires = exp;
+      if (m.fencing_proof) this.proof = m.fencing_proof;
       c.armLease();
       return;
     }

@@ -17,7 +17,14 @@ export class Session {
     public ttlMs: number,
     /** The local lease: send time of the last keepalive (or hello) the leader confirmed + ttlMs. */
     public deadline: number,
+    /** No session at all: the connection of a token with read access only (watches and reads; no lease). */
+    readonly readOnly = false,
   ) {}
+
+  /** readOnlySession stands for the connection of a read-only token, which carries no session. */
+  static readOnlySession(): Session {
+    return new Session("", 0, Infinity, true);
+  }
 
   /** setTtl takes the session TTL the server reports; a shorter one shortens the lease at once. */
   setTtl(ttlMs: number | undefined): void {

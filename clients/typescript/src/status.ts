@@ -72,7 +72,7 @@ export function toLockStatus(s: WireLockStatus): LockStatus {
     waiters: s.waiters,
     index: s.index,
     holders,
-    holdersTotal: s.holders_total ?? holders.length,
+    holdersTotal: s.holders_total,
     value: s.value,
     delayedUntil: parseTime(s.delayed_until),
     stale: s.stale ?? false,

@@ -181,6 +181,14 @@ export class Watch implements AsyncIterableIterator<WatchChange> {
     this.wake?.resolve();
   }
 
+  /** @internal fail ends the watch because the server ended it: the iterator throws err once it has handed out what it holds. */
+  fail(err: unknown): void {
+    if (this.ended) return;
+    this.id = 0; // the server's watch is gone: nothing to unwatch
+    this.started = false;
+    this.end(err);
+  }
+
   /** @internal frameFor asks for the watch on conn and returns the request's frame. */
   frameFor(conn: Conn): string | undefined {
     if (this.ended) return undefined;

@@ -102,7 +102,7 @@ export interface WireLockStatus {
   mode: string;
   limit: number;
   holders?: WireHolder[];
-  holders_total?: number;
+  holders_total: number;
   value?: string;
   delayed_until?: string;
   index: bigint;
@@ -118,7 +118,7 @@ export const lockStatusShape = {
   mode: reqStr,
   limit: reqInt,
   holders: { kind: { array: holderShape } },
-  holders_total: int,
+  holders_total: reqInt,
   value: str,
   delayed_until: str,
   index: reqU64,
@@ -127,12 +127,18 @@ export const lockStatusShape = {
 
 /** A page of the holders endpoint (GET /api/v1/locks/{name}/holders). */
 export interface WireHolderPage {
+  lock: string;
   holders: WireHolder[];
-  next?: string;
+  holders_total: number;
+  next: string;
+  stale?: boolean;
 }
 export const holderPageShape = {
+  lock: reqStr,
   holders: { kind: { array: holderShape }, required: true },
-  next: str,
+  holders_total: reqInt,
+  next: reqStr,
+  stale: bool,
 } satisfies ShapeOf<WireHolderPage>;
 
 /** The reply of a revocation (DELETE /api/v1/locks/{name}). */
@@ -170,6 +176,7 @@ export interface ServerFrame {
   index?: bigint;
   status?: WireLockStatus;
   cancelled?: boolean;
+  read_only?: boolean;
 }
 
 const id = int;
@@ -179,8 +186,11 @@ export const serverFrameShapes = {
   hello: {
     id,
     type: { kind: { const: "hello" }, required: true },
-    session_id: reqStr,
-    session_ttl_ms: reqInt,
+    // A session's id and TTL; or, for a token with read access only,
+    // read_only and no session.
+    session_id: str,
+    session_ttl_ms: int,
+    read_only: bool,
   },
   granted: {
     id,
@@ -206,6 +216,7 @@ export const serverFrameShapes = {
     session_id: str,
     session_ttl_ms: int,
     watch_id: int,
+    fencing_proof: str,
     cancelled: bool,
   },
   error: {
@@ -216,6 +227,8 @@ export const serverFrameShapes = {
     holder: str,
     leader: str,
     retry_after_ms: int,
+    // A push that ends that watch (a token reload took its access away).
+    watch_id: int,
   },
   lost: {
     type: { kind: { const: "lost" }, required: true },
@@ -249,6 +262,18 @@ const _everyServerField: Exclude<keyof ServerFrame, ServerShapeKeys> extends nev
 void _everyServerField;
 
 // --- client frames ---
+
+const handoffShape = {
+  id: reqInt,
+  op: { kind: { const: "acquire" } },
+  lock: str,
+  ttl_ms: int,
+  wait_timeout_ms: int,
+  mode: str,
+  limit: int,
+  lock_delay_ms: int,
+  value: str,
+} satisfies Shape;
 
 /** The shape of every request frame, by kind; `op` tells them apart (an acquire names `lock` or `locks`). */
 export const clientFrameShapes = {
@@ -286,6 +311,10 @@ export const clientFrameShapes = {
     op: { kind: { const: "release" }, required: true },
     lock: reqStr,
     fencing_token: reqU64,
+    // A release that hands the lock on to another acquire of this client
+    // in the same step. This client does not send it (its acquires of a
+    // lock it holds wait for the release and then queue as any acquire).
+    handoff: { kind: { object: handoffShape } },
   },
   renew: {
     id: reqInt,

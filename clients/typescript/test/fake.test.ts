@@ -182,7 +182,7 @@ test("a prefix watch after a reconnect: a lock missing from the new first pictur
   const status = (lock: string, index: number, holder?: string) =>
     holder
       ? { lock, held: true, waiters: 0, mode: "exclusive", limit: 1, index, holders: [{ client_id: holder, fencing_token: index, mode: "exclusive" }], holders_total: 1 }
-      : { lock, held: false, waiters: 0, mode: "none", limit: 1, index };
+      : { lock, held: false, waiters: 0, mode: "none", limit: 1, index, holders_total: 0 };
   const m = await fake({
     frame(conn, f) {
       if (f.op !== "watch") return;

@@ -304,6 +304,39 @@ describe("loss signals", () => {
   });
 });
 
+describe("after a reconnect", () => {
+  test("the check of held locks finds its grant among more holders than a status lists (holders_total, paging)", T, async () => {
+    const leader = await cluster.leader();
+    // 65 holders of a semaphore of 70 by plain HTTP, each its own client.
+    for (let i = 0; i < 65; i++) {
+      const r = await fetch(`${leader.url}/api/v1/locks/many%2Fsem/acquire`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ client_id: `http-${i}`, ttl_ms: 60000, limit: 70 }),
+      });
+      assert.equal(r.status, 200, await r.text());
+    }
+    const proxy = await Proxy.start(leader.httpPort);
+    try {
+      const c = await connect("many-c", { endpoints: [proxy.url], sessionTtlMs: 10000 });
+      const l = await c.acquire("many/sem", { limit: 70 });
+      const st = await c.status("many/sem");
+      assert.equal(st.holdersTotal, 66);
+      assert.ok(st.holders.length < 66 && !st.holders.some((h) => h.fencingToken === l.fencingToken), "the status lists every holder: nothing to page");
+      const before = c.current;
+      proxy.cut();
+      await new Promise((r) => setTimeout(r, 300));
+      proxy.heal();
+      await poll("the session resumed", 10000, () => (c.current && c.current !== before ? true : undefined));
+      await new Promise((r) => setTimeout(r, 500)); // the check after the resume
+      assert.equal(l.signal.aborted, false, `lost: ${l.signal.reason}`);
+      await l.release();
+    } finally {
+      await proxy.close();
+    }
+  });
+});
+
 describe("elections", () => {
   test("two candidates and an observer: leaders in campaign order, proclamations, resign hands over", T, async () => {
     const c1 = await connect("el-1");

@@ -129,6 +129,7 @@ describe("TLS and bearer tokens", () => {
         tokens: [
           { name: "app", token: "app-token-0123456789", permissions: [{ prefix: "app/", access: "lock" }] },
           { name: "admin", token: "admin-token-0123456789", permissions: [{ prefix: "", access: "admin" }] },
+          { name: "reader", token: "reader-token-0123456789", permissions: [{ prefix: "app/", access: "read" }] },
         ],
       }),
     );
@@ -157,6 +158,44 @@ describe("TLS and bearer tokens", () => {
     const w = a.watch({ prefix: "other/" });
     await assert.rejects(w.next(), PermissionDeniedError);
     await l.release();
+
+    // A token with read access only: a read-only client, without a session,
+    // that watches; its acquires are refused.
+    const reader = await connect({ endpoints: [url], tls, token: "reader-token-0123456789", clientId: "tls-reader" });
+    assert.equal(reader.readOnly, true);
+    assert.equal(reader.sessionId, "");
+    assert.equal(a.readOnly, false);
+    await assert.rejects(reader.tryAcquire("app/y"), PermissionDeniedError);
+    const rw = reader.watch({ prefix: "app/" });
+    await within(rw.ready, 5000, "the read-only watch accepted");
+    const l2 = await a.acquire("app/w");
+    const seen = await within(rw.next(), 5000, "a change seen by the read-only watch");
+    assert.equal(seen.value!.lock, "app/w");
+    assert.equal(seen.value!.status.holders[0]!.fencingToken, l2.fencingToken);
+    // The token file reloaded without the reader's access to app/: the
+    // server ends the watch, and its iterator says why.
+    writeFileSync(
+      tokens,
+      JSON.stringify({
+        tokens: [
+          { name: "app", token: "app-token-0123456789", permissions: [{ prefix: "app/", access: "lock" }] },
+          { name: "reader", token: "reader-token-0123456789", permissions: [{ prefix: "other/", access: "read" }] },
+        ],
+      }),
+    );
+    cl.members[0]!.proc!.kill("SIGHUP");
+    const ended = await within(
+      (async () => {
+        for (;;) {
+          const r = await rw.next(); // changes until the end
+          if (r.done) return new Error("the watch ended without an error");
+        }
+      })().catch((e: unknown) => e),
+      10000,
+      "the end of the watch after the reload",
+    );
+    assert.ok(ended instanceof PermissionDeniedError || ended instanceof UnauthenticatedError, String(ended));
+    await l2.release();
 
     const t0 = performance.now();
     await assert.rejects(Client.connect({ endpoints: [url], tls, token: "wrong-token-0123456789", dialTimeoutMs: 10000 }), UnauthenticatedError);

@@ -75,7 +75,7 @@ describe("frames", () => {
     assert.throws(() => decodeFrame(`[1]`), DecodeError);
     assert.throws(() => decodeFrame(`not json`), DecodeError);
     // A free lock's first frame without index (0, left out by the server) decodes as index 0.
-    const free = decodeFrame(`{"type":"changed","lock":"x","watch_id":1,"status":{"lock":"x","held":false,"waiters":0,"mode":"none","limit":1,"index":0}}`);
+    const free = decodeFrame(`{"type":"changed","lock":"x","watch_id":1,"status":{"lock":"x","held":false,"waiters":0,"mode":"none","limit":1,"index":0,"holders_total":0}}`);
     assert.equal(free.index, 0n);
     const m = decodeFrame(`{"type":"resync","watch_id":3,"future":{"x":1}}`);
     assert.deepEqual(m, { type: "resync", watch_id: 3 });
