@@ -10,6 +10,7 @@
 // It is the Go client's model (client/ in this repository) in Node's terms:
 // one event loop instead of a mutex, AbortSignals instead of contexts.
 
+import { setMaxListeners } from "node:events";
 import type WebSocket from "ws";
 import { type AcquireOp, type AcquireOptions, type AcquireOpts, checkAcquireOptions, describeNames, lockSet, newOp, sameNames } from "./acquire.js";
 import { Backoff, Notifier, deferred, linked, raceSignal, sleep } from "./backoff.js";
@@ -98,6 +99,9 @@ export class Client {
   private readonly background = new Set<Promise<unknown>>();
 
   private constructor(cfg: Config) {
+    // Every wait of the client (many at once under load) listens on it and
+    // stops listening when done: no bound on their number.
+    setMaxListeners(0, this.closeAc.signal);
     this.cfg = cfg;
     this.clientId = cfg.clientId;
     this.http = new HttpApi(cfg, new Trust(cfg.endpoints));

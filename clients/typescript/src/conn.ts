@@ -2,6 +2,7 @@
 // member may refuse or redirect), the frames that come before the client
 // installs it, and the requests awaiting their replies.
 
+import { setMaxListeners } from "node:events";
 import WebSocket from "ws";
 import { deferred, type Deferred } from "./backoff.js";
 import type { Client } from "./client.js";
@@ -37,6 +38,7 @@ export class Conn {
     readonly base: string,
     private readonly client: Client,
   ) {
+    setMaxListeners(0, this.ac.signal);
     ws.on("message", (data: Buffer, isBinary: boolean) => this.onMessage(data, isBinary));
     ws.on("close", () => client.teardown(this));
     ws.on("error", (e) => client.log("debug", "lockd: connection error", { leader: base, err: e.message }));

@@ -1,6 +1,7 @@
 // A granted lock: its fencing token, its loss signal, and release, renew
 // and setValue.
 
+import { setMaxListeners } from "node:events";
 import type { Client } from "./client.js";
 import type { Session } from "./session.js";
 import { checkValue, limits } from "./config.js";
@@ -66,6 +67,9 @@ export class Lock {
     this.proof = proof || undefined;
     this.mode = mode;
     this.expires = expires;
+    // Every acquire of this name in this process waits on it, and so may
+    // the user's own code: no bound on their number.
+    setMaxListeners(0, this.ac.signal);
   }
 
   /**

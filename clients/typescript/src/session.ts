@@ -2,6 +2,7 @@
 // monotonic clock from the send time of the last request the leader
 // confirmed, less a margin for timer lateness and clock-rate drift.
 
+import { setMaxListeners } from "node:events";
 import type { LockdError } from "./errors.js";
 
 /** now is the monotonic clock every lease is counted on (ms). */
@@ -19,7 +20,9 @@ export class Session {
     public deadline: number,
     /** No session at all: the connection of a token with read access only (watches and reads; no lease). */
     readonly readOnly = false,
-  ) {}
+  ) {
+    setMaxListeners(0, this.ac.signal); // users may listen for the session's end as they like
+  }
 
   /** readOnlySession stands for the connection of a read-only token, which carries no session. */
   static readOnlySession(): Session {

@@ -78,6 +78,22 @@ describe("a session that cannot be kept alive", () => {
   });
 });
 
+describe("a member refusing work as overloaded", () => {
+  test("admission limits of 1: acquires refused with retry_after_ms are sent again after it and all granted", T, async () => {
+    const cl = await single({ extraArgs: ["--admission-max", "1", "--admission-min", "1"] });
+    let refusals = 0;
+    const a = await connect({
+      endpoints: cl.endpoints,
+      clientId: "busy-a",
+      logger: { info: (msg) => void (msg.includes("overloaded") && refusals++) },
+    });
+    const ls = await Promise.all(Array.from({ length: 30 }, (_, i) => a.acquire(`busy/${i}`, { waitTimeoutMs: 20000 })));
+    assert.equal(new Set(ls.map((l) => l.fencingToken)).size, 30);
+    assert.ok(refusals > 0, "the member refused nothing: the admission limits did not bite");
+    await Promise.all(ls.map((l) => l.release()));
+  });
+});
+
 describe("fencing tokens above 2^53", () => {
   test("a restore with min_token near 2^64: grants, status, watches and fenced writes keep every digit", T, async () => {
     const cl = await single();
