@@ -42,7 +42,7 @@ export interface AcquireOptions {
   signal?: AbortSignal;
 }
 
-/** @internal The acquire options, checked. */
+/** The acquire options, checked (the client's own). */
 export interface AcquireOpts {
   ttlMs: number;
   wait: number;
@@ -55,7 +55,7 @@ export interface AcquireOpts {
   signal: AbortSignal | undefined;
 }
 
-/** @internal An acquire waiting for its grant. It outlives a connection: it is re-sent on the next one and keeps its place. */
+/** An acquire waiting for its grant (the client's own). It outlives a connection: it is re-sent on the next one and keeps its place. */
 export interface AcquireOp {
   names: string[];
   o: AcquireOpts;

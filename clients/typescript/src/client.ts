@@ -59,7 +59,6 @@ import {
 } from "./wire.js";
 
 export type { AcquireOptions } from "./acquire.js";
-export { Session } from "./session.js";
 
 /** How long past an explicit wait's deadline an acquire still waits for the server's answer. */
 const waitSlackMs = 1000;

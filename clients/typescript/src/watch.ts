@@ -7,7 +7,7 @@
 // server's `synced` frame ends that picture) was freed meanwhile: it comes
 // as free, as of the synced index.
 
-import { type Deferred, deferred, sleep } from "./backoff.js";
+import { type Deferred, Notifier, deferred, sleep } from "./backoff.js";
 import type { Client } from "./client.js";
 import type { Conn } from "./conn.js";
 import { checkLockName } from "./config.js";
@@ -68,7 +68,8 @@ export class Watch implements AsyncIterableIterator<WatchChange> {
   private readonly signal: AbortSignal | undefined;
 
   private queue: WatchChange[] = [];
-  private wake: Deferred<void> | undefined;
+  /** Wakes next() calls waiting for a change (any number of them). */
+  private readonly wake = new Notifier();
   private ended = false;
   private failure: unknown;
   private started = false;
@@ -152,8 +153,7 @@ export class Watch implements AsyncIterableIterator<WatchChange> {
         throw e;
       }
       if (this.ended) return { value: undefined, done: true };
-      this.wake = deferred<void>();
-      await this.wake.promise;
+      await this.wake.wait();
     }
   }
 
@@ -178,7 +178,7 @@ export class Watch implements AsyncIterableIterator<WatchChange> {
       if (conn === this.client.current) conn.send(this.unwatchFrame(conn, this.id));
       this.id = 0;
     }
-    this.wake?.resolve();
+    this.wake.notify();
   }
 
   /** @internal fail ends the watch because the server ended it: the iterator throws err once it has handed out what it holds. */
@@ -312,6 +312,6 @@ export class Watch implements AsyncIterableIterator<WatchChange> {
     this.last.set(name, idx);
     this.state.set(name, hasState(st));
     this.queue.push({ lock: name, index: idx, status: st, resync });
-    this.wake?.resolve();
+    this.wake.notify();
   }
 }
