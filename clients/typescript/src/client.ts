@@ -1066,6 +1066,12 @@ export class Client {
       return;
     }
     op.abandoned = true;
+    if (op.sends === 0) {
+      // Never sent (no connection meanwhile): nothing on the server to
+      // withdraw or to learn about.
+      this.finish(op, undefined, new CancelledError(`lockd: the acquire of ${describeNames(op.names)} was given up before it was sent`, { code: "cancelled" }));
+      return;
+    }
     this.sendCancel(op);
   }
 
