@@ -36,7 +36,7 @@ export interface AcquireOptions {
   lockDelayMs?: number;
   /**
    * Aborting it gives up the acquire: it rejects with the signal's reason,
-   * and a wait queued on the server is withdrawn (SPEC 18 cancel); a grant
+   * and a wait queued on the server is withdrawn (a cancel request); a grant
    * that committed meanwhile is released.
    */
   signal?: AbortSignal;

@@ -798,6 +798,12 @@ export class Client {
           return;
         }
         const code = m.error?.code ?? "";
+        if (m.id && (code === "cancelled" || code === "wait_timeout" || code === "lock_held")) {
+          // The answer to an earlier send of an acquire that was answered
+          // already (the end of a wait answers every acquire that joined it).
+          this.log("debug", "lockd: an answer to an acquire sent before", { code, id: m.id });
+          return;
+        }
         switch (code) {
           case "session_expired":
             if (this.sess) this.sessionLost(this.sess, new SessionExpiredError("lockd: the server ended the session"), false);

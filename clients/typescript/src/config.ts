@@ -78,7 +78,7 @@ export interface ClientOptions {
   logger?: Logger;
 }
 
-/** Limits of the API (SPEC "Limits"). */
+/** Limits of the API (docs/API.md, "Limits"). */
 export const limits = {
   minSessionTtlMs: 1000,
   maxSessionTtlMs: 3_600_000,

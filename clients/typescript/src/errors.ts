@@ -113,7 +113,7 @@ export class NotHolderError extends LockdError {
 export class LimitMismatchError extends LockdError {
   override name = "LimitMismatchError";
 }
-/** 409 cancelled: the queued wait was withdrawn (SPEC 18). */
+/** 409 cancelled: the queued wait was withdrawn (POST .../cancel, or a WebSocket cancel). */
 export class CancelledError extends LockdError {
   override name = "CancelledError";
 }

@@ -289,7 +289,7 @@ describe("loss signals", () => {
     assert.ok(err instanceof RevokedError, String(err));
   });
 
-  test("aborting an acquire rejects with the signal's reason and withdraws the queued wait (SPEC 18 cancel)", T, async () => {
+  test("aborting an acquire rejects with the signal's reason and withdraws the queued wait (cancel)", T, async () => {
     const a = await connect("cancel-a");
     const b = await connect("cancel-b");
     const l = await a.acquire("cancel/x");
@@ -420,7 +420,7 @@ describe("watches", () => {
       const firstPicture = await take(it, 2);
       assert.deepEqual(firstPicture.map((c) => c.lock).sort(), ["watched/1", "watched/2"]);
       assert.ok(firstPicture.every((c) => c.status.held && !c.resync));
-      await within(it.synced, 5000, "the synced frame that ends a watch's first picture (SPEC Watches)");
+      await within(it.synced, 5000, "the synced frame that ends a watch's first picture");
       // A change comes as it commits.
       await l2.setValue("v");
       const [ch] = await take(it, 1);

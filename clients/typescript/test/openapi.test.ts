@@ -181,7 +181,7 @@ test("the HTTP replies the client reads match the document", () => {
   assert.ok(revoke, "the document has no reply of DELETE /api/v1/locks/{name}");
   diffs.push(...compareGroup("DELETE /api/v1/locks/{name}", [docVariant(revoke)], [revokeReplyShape]));
   const holders = replySchema("/api/v1/locks/{name}/holders", "get");
-  if (!holders) diffs.push("GET /api/v1/locks/{name}/holders (SPEC 16): not in the document");
+  if (!holders) diffs.push("GET /api/v1/locks/{name}/holders (paging a lock's holders): not in the document");
   else diffs.push(...compareGroup("GET /api/v1/locks/{name}/holders", [docVariant(holders)], [holderPageShape]));
   assert.deepEqual(diffs, []);
 });
