@@ -75,6 +75,22 @@ export function work(): string {
 
 const processes = new Set<ChildProcess>();
 
+// A test process ended by a signal (the runner's timeout, ^C) still takes
+// its members with it: the exit handler above runs only on a normal exit.
+for (const sig of ["SIGTERM", "SIGINT", "SIGHUP"] as const) {
+  process.once(sig, () => {
+    for (const p of processes) {
+      try {
+        p.kill("SIGCONT");
+        p.kill("SIGKILL");
+      } catch {
+        // gone
+      }
+    }
+    process.exit(1);
+  });
+}
+
 /** startProcess runs a binary with its output in log; it is killed when the test process exits. */
 export function startProcess(file: string, args: string[], log: string): ChildProcess {
   const fd = openSync(log, "a");
