@@ -24,7 +24,7 @@ type wsConn struct {
 	resumed bool     // the hello resumed an existing session
 	ctx     context.Context
 	cancel  context.CancelFunc
-	calls   map[uint64]chan *api.WSMessage // replies awaited; guarded by Client.mu
+	calls   map[uint64]chan *frame // replies awaited; guarded by Client.mu
 	// Watches on this connection, guarded by Client.mu: by the server's
 	// watch_id, by the id of a watch request awaiting its answer, and the
 	// ids of unwatch requests (whose answers need nothing).
@@ -33,6 +33,18 @@ type wsConn struct {
 	unwatches map[uint64]bool
 	done      chan struct{} // closed once torn down
 	once      sync.Once
+}
+
+// frame is one server frame as the client reads it: the wire message and
+// the retry hint an overloaded refusal may carry.
+type frame struct {
+	api.WSMessage
+	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
+}
+
+// retryAfter is the frame's retry hint, 0 for none.
+func (m *frame) retryAfter() time.Duration {
+	return time.Duration(max(m.RetryAfterMs, 0)) * time.Millisecond
 }
 
 // errConnLost: the connection went away before the reply came; the caller
@@ -51,12 +63,17 @@ const maxLeaderHops = 3
 func (c *Client) connect(ctx context.Context, first bool) (*wsConn, error) {
 	bo := newBackoff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
 	for {
-		cs, err := c.connectRound(ctx)
+		cs, round, err := c.connectRound(ctx)
 		if cs != nil {
 			return cs, nil
 		}
 		if errors.Is(err, ErrClosed) || (first && (isAuthError(err) || isFatalHop(err) || errors.Is(err, ErrHTTPSRequired))) {
 			return nil, err
+		}
+		if u := round.unreachable(); first && u != nil && ctx.Err() == nil {
+			// Every endpoint refused the connection or the TLS handshake
+			// for a reason that waiting does not change.
+			return nil, u
 		}
 		wait := bo.next()
 		if isAuthError(err) {
@@ -65,6 +82,9 @@ func (c *Client) connect(ctx context.Context, first bool) (*wsConn, error) {
 			c.log.Warn("lockd: a member redirects outside the cluster, retrying", "err", err, "wait", wait)
 		} else {
 			c.log.Info("lockd: no leader reachable, retrying", "err", err, "wait", wait)
+		}
+		if ctx.Err() == nil && first && c.cfg.OnRetry != nil {
+			c.cfg.OnRetry(err)
 		}
 		if ctx.Err() != nil || !sleep(ctx, wait) {
 			return nil, &gaveUpError{ctx: ctx.Err(), last: err}
@@ -105,18 +125,24 @@ func (e *gaveUpError) Unwrap() []error {
 }
 
 // connectRound tries every endpoint once, the last known leader first.
-func (c *Client) connectRound(ctx context.Context) (*wsConn, error) {
+func (c *Client) connectRound(ctx context.Context) (*wsConn, *roundErrors, error) {
 	var lastErr error
+	round := &roundErrors{}
 	for _, base := range c.api.candidates() {
 		for hop := 0; hop <= maxLeaderHops && base != "" && ctx.Err() == nil; hop++ {
 			cs, next, err := c.tryMember(ctx, base)
 			if cs != nil {
-				return cs, nil
+				return cs, round, nil
 			}
 			if errors.Is(err, ErrClosed) || isAuthError(err) || isFatalHop(err) {
-				return nil, err
+				return nil, round, err
 			}
 			lastErr = err
+			if next == "" {
+				round.add(err)
+			} else {
+				round.transient = true // a member answered
+			}
 			c.log.Debug("lockd: connect attempt failed", "endpoint", base, "next", next, "err", err)
 			if next != "" {
 				c.api.setLeader(next)
@@ -126,8 +152,9 @@ func (c *Client) connectRound(ctx context.Context) (*wsConn, error) {
 	}
 	if lastErr == nil {
 		lastErr = ctx.Err()
+		round.transient = true
 	}
-	return nil, lastErr
+	return nil, round, lastErr
 }
 
 func wsURL(base string) string { return base + "/api/v1/ws" }
@@ -302,7 +329,7 @@ func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next s
 	}
 
 	cctx, ccancel := context.WithCancel(c.ctx)
-	cs = &wsConn{ws: ws, base: base, sess: sess, resumed: resume, ctx: cctx, cancel: ccancel, calls: make(map[uint64]chan *api.WSMessage), done: make(chan struct{}),
+	cs = &wsConn{ws: ws, base: base, sess: sess, resumed: resume, ctx: cctx, cancel: ccancel, calls: make(map[uint64]chan *frame), done: make(chan struct{}),
 		watchIDs: make(map[uint64]*watch), watchReqs: make(map[uint64]*watch), unwatches: make(map[uint64]bool)}
 	c.install(cs)
 	return cs, "", nil
@@ -342,9 +369,13 @@ func (c *Client) install(cs *wsConn) {
 		c.goLocked(func() { c.recheck(cs) })
 	}
 	var frames [][]byte
+	seen := make(map[*acquireOp]bool, len(c.ops))
 	for _, op := range c.ops {
-		if f := c.prepAcquireLocked(op, false); f != nil {
-			frames = append(frames, f)
+		if !seen[op] {
+			seen[op] = true
+			if f := c.pendingFrameLocked(op); f != nil {
+				frames = append(frames, f)
+			}
 		}
 	}
 	for w := range c.watches {
@@ -358,6 +389,17 @@ func (c *Client) install(cs *wsConn) {
 			return // the reader sees the connection fail; the next one re-sends
 		}
 	}
+}
+
+// pendingFrameLocked is what op needs sent on the live connection, if it
+// was not sent there yet: its acquire again (it keeps its place), or, for
+// an op whose caller gave up, the cancel of its wait.
+func (c *Client) pendingFrameLocked(op *acquireOp) []byte {
+	if op.abandoned {
+		_, f := c.cancelFrameLocked(op)
+		return f
+	}
+	return c.prepAcquireLocked(op, false)
 }
 
 // run owns the connection: it serves cs, then reconnects, until Close.
@@ -411,7 +453,7 @@ func (c *Client) readLoop(cs *wsConn) error {
 		if err != nil {
 			return err
 		}
-		var m api.WSMessage
+		var m frame
 		if err := json.Unmarshal(data, &m); err != nil {
 			c.log.Warn("lockd: bad frame from server", "err", err)
 			continue
@@ -460,8 +502,8 @@ func (c *Client) write(cs *wsConn, data []byte) error {
 
 // exchange sends req on cs and waits for its reply. sent is taken before
 // the write: the start of any lease the reply confirms.
-func (c *Client) exchange(ctx context.Context, cs *wsConn, req *api.WSRequest) (m *api.WSMessage, sent time.Time, err error) {
-	ch := make(chan *api.WSMessage, 1)
+func (c *Client) exchange(ctx context.Context, cs *wsConn, req *api.WSRequest) (m *frame, sent time.Time, err error) {
+	ch := make(chan *frame, 1)
 	c.mu.Lock()
 	if c.cur != cs {
 		c.mu.Unlock()
@@ -531,8 +573,9 @@ func (c *Client) waitConn(ctx context.Context, s *session) (*wsConn, error) {
 // the next connection if the current one is lost first. sent is the send
 // time of the request the reply answers; with an error, that of the first
 // send (zero if nothing was sent): the server may have applied it.
-func (c *Client) roundTrip(ctx context.Context, s *session, req *api.WSRequest) (m *api.WSMessage, sent time.Time, err error) {
+func (c *Client) roundTrip(ctx context.Context, s *session, req *api.WSRequest) (m *frame, sent time.Time, err error) {
 	var first time.Time
+	var bo *backoff
 	for {
 		cs, err := c.waitConn(ctx, s)
 		if err != nil {
@@ -555,6 +598,16 @@ func (c *Client) roundTrip(ctx context.Context, s *session, req *api.WSRequest) 
 				c.mu.Lock()
 				c.killLocked(cs, "leadership lost")
 				c.mu.Unlock()
+				continue
+			case api.CodeOverloaded:
+				// Nothing was proposed: ask again after the pause the
+				// member asks for (or a backoff), until ctx ends.
+				if bo == nil {
+					bo = newBackoff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
+				}
+				if !sleep(ctx, max(bo.next(), m.retryAfter())) {
+					return nil, first, fmt.Errorf("%w: %w", serverError(m.Error, 0), ctx.Err())
+				}
 				continue
 			case api.CodeSessionExpired:
 				c.mu.Lock()
@@ -606,6 +659,10 @@ func (c *Client) keepalive(cs *wsConn) {
 		switch {
 		case m.Type == api.TypeOK:
 			c.confirmSession(s, sent, m.SessionTTLms)
+		case m.Type == api.TypeError && m.Error != nil && m.Error.Code == api.CodeOverloaded:
+			// Not refused for good: ask again soon (well within the TTL).
+			t.Reset(max(min(iv/4, m.retryAfter()), c.cfg.MinBackoff))
+			continue
 		case m.Type == api.TypeError && m.Error != nil:
 			c.mu.Lock()
 			switch m.Error.Code {
@@ -624,16 +681,20 @@ func (c *Client) keepalive(cs *wsConn) {
 
 // dispatchLocked handles one server frame; it returns work to do after
 // the lock is released (writes).
-func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
+func (c *Client) dispatchLocked(cs *wsConn, m *frame) []func() {
 	if m.ID != 0 {
 		if ch, ok := cs.calls[m.ID]; ok {
 			delete(cs.calls, m.ID)
 			ch <- m
 			return nil
 		}
+		if op := c.cancels[m.ID]; op != nil {
+			delete(c.cancels, m.ID)
+			return c.onCancelReplyLocked(cs, op, m)
+		}
 		if w := cs.watchReqs[m.ID]; w != nil {
 			delete(cs.watchReqs, m.ID)
-			return c.onWatchReplyLocked(cs, w, m)
+			return c.onWatchReplyLocked(cs, w, &m.WSMessage)
 		}
 		if cs.unwatches[m.ID] {
 			delete(cs.unwatches, m.ID)
@@ -643,7 +704,7 @@ func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
 	switch m.Type {
 	case api.TypeChanged:
 		if w := cs.watchIDs[m.WatchID]; w != nil {
-			c.onChangedLocked(w, m)
+			c.onChangedLocked(w, &m.WSMessage)
 		}
 	case api.TypeSynced:
 		if w := cs.watchIDs[m.WatchID]; w != nil {
@@ -662,9 +723,9 @@ func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
 			}}
 		}
 	case api.TypeGranted:
-		return c.onGrantedLocked(cs, m)
+		return c.onGrantedLocked(cs, &m.WSMessage)
 	case api.TypeLost:
-		c.onLostLocked(m)
+		c.onLostLocked(&m.WSMessage)
 	case api.TypeError:
 		if op := c.opByID[m.ID]; op != nil && m.ID != 0 {
 			return c.onAcquireErrorLocked(cs, op, m)
@@ -696,6 +757,8 @@ func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
 				}
 			}
 			c.killLocked(cs, code)
+		case api.CodeCancelled:
+			// The answer of an acquire whose withdrawal settled it already.
 		default:
 			c.log.Warn("lockd: unsolicited error from server", "code", code, "id", m.ID)
 		}
