@@ -666,7 +666,7 @@ func (c *Client) grantLocked(op *acquireOp, ls []*Lock) {
 	c.finishLocked(op, ls, nil)
 }
 
-func (c *Client) onAcquireErrorLocked(cs *wsConn, op *acquireOp, m *frame) []func() {
+func (c *Client) onAcquireErrorLocked(cs *wsConn, op *acquireOp, m *api.WSMessage) []func() {
 	se := serverError(m.Error, 0)
 	se.Leader, se.Holder, se.Lock = m.Leader, m.Holder, m.Lock
 	var err error = se
@@ -690,7 +690,7 @@ func (c *Client) onAcquireErrorLocked(cs *wsConn, op *acquireOp, m *frame) []fun
 		if op.bo == nil {
 			op.bo = newBackoff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
 		}
-		d := max(op.bo.next(), m.retryAfter())
+		d := max(op.bo.next(), retryAfter(m))
 		c.goLocked(func() { c.resendAfter(op, d) })
 		return nil
 	case api.CodeWaitTimeout:

@@ -24,7 +24,7 @@ type wsConn struct {
 	resumed bool     // the hello resumed an existing session
 	ctx     context.Context
 	cancel  context.CancelFunc
-	calls   map[uint64]chan *frame // replies awaited; guarded by Client.mu
+	calls   map[uint64]chan *api.WSMessage // replies awaited; guarded by Client.mu
 	// Watches on this connection, guarded by Client.mu: by the server's
 	// watch_id, by the id of a watch request awaiting its answer, and the
 	// ids of unwatch requests (whose answers need nothing).
@@ -35,15 +35,9 @@ type wsConn struct {
 	once      sync.Once
 }
 
-// frame is one server frame as the client reads it: the wire message and
-// the retry hint an overloaded refusal may carry.
-type frame struct {
-	api.WSMessage
-	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
-}
-
-// retryAfter is the frame's retry hint, 0 for none.
-func (m *frame) retryAfter() time.Duration {
+// retryAfter is an error frame's retry hint (retry_after_ms of an
+// overloaded refusal), 0 for none.
+func retryAfter(m *api.WSMessage) time.Duration {
 	return time.Duration(max(m.RetryAfterMs, 0)) * time.Millisecond
 }
 
@@ -329,7 +323,7 @@ func (c *Client) tryMember(ctx context.Context, base string) (cs *wsConn, next s
 	}
 
 	cctx, ccancel := context.WithCancel(c.ctx)
-	cs = &wsConn{ws: ws, base: base, sess: sess, resumed: resume, ctx: cctx, cancel: ccancel, calls: make(map[uint64]chan *frame), done: make(chan struct{}),
+	cs = &wsConn{ws: ws, base: base, sess: sess, resumed: resume, ctx: cctx, cancel: ccancel, calls: make(map[uint64]chan *api.WSMessage), done: make(chan struct{}),
 		watchIDs: make(map[uint64]*watch), watchReqs: make(map[uint64]*watch), unwatches: make(map[uint64]bool)}
 	c.install(cs)
 	return cs, "", nil
@@ -443,7 +437,7 @@ func (c *Client) serve(cs *wsConn) {
 	if !closed {
 		c.log.Info("lockd: connection lost", "leader", cs.base, "err", err)
 	}
-	c.teardown(cs)
+	c.teardown(cs, err)
 	kwg.Wait()
 }
 
@@ -453,7 +447,7 @@ func (c *Client) readLoop(cs *wsConn) error {
 		if err != nil {
 			return err
 		}
-		var m frame
+		var m api.WSMessage
 		if err := json.Unmarshal(data, &m); err != nil {
 			c.log.Warn("lockd: bad frame from server", "err", err)
 			continue
@@ -470,10 +464,18 @@ func (c *Client) readLoop(cs *wsConn) error {
 	}
 }
 
-// teardown forgets cs and fails the calls waiting on it.
-func (c *Client) teardown(cs *wsConn) {
+// teardown forgets cs and fails the calls waiting on it; the watches that
+// lived on it are told (see WithConnEvents).
+func (c *Client) teardown(cs *wsConn, err error) {
 	c.mu.Lock()
 	c.killLocked(cs, "")
+	if !c.closed {
+		for w := range c.watches {
+			if w.conn == cs {
+				c.connLostLocked(w, fmt.Errorf("connection to %s lost: %w", cs.base, err))
+			}
+		}
+	}
 	c.mu.Unlock()
 	cs.once.Do(func() { close(cs.done) })
 	cs.ws.CloseNow()
@@ -502,8 +504,8 @@ func (c *Client) write(cs *wsConn, data []byte) error {
 
 // exchange sends req on cs and waits for its reply. sent is taken before
 // the write: the start of any lease the reply confirms.
-func (c *Client) exchange(ctx context.Context, cs *wsConn, req *api.WSRequest) (m *frame, sent time.Time, err error) {
-	ch := make(chan *frame, 1)
+func (c *Client) exchange(ctx context.Context, cs *wsConn, req *api.WSRequest) (m *api.WSMessage, sent time.Time, err error) {
+	ch := make(chan *api.WSMessage, 1)
 	c.mu.Lock()
 	if c.cur != cs {
 		c.mu.Unlock()
@@ -573,7 +575,7 @@ func (c *Client) waitConn(ctx context.Context, s *session) (*wsConn, error) {
 // the next connection if the current one is lost first. sent is the send
 // time of the request the reply answers; with an error, that of the first
 // send (zero if nothing was sent): the server may have applied it.
-func (c *Client) roundTrip(ctx context.Context, s *session, req *api.WSRequest) (m *frame, sent time.Time, err error) {
+func (c *Client) roundTrip(ctx context.Context, s *session, req *api.WSRequest) (m *api.WSMessage, sent time.Time, err error) {
 	var first time.Time
 	var bo *backoff
 	for {
@@ -605,7 +607,7 @@ func (c *Client) roundTrip(ctx context.Context, s *session, req *api.WSRequest) 
 				if bo == nil {
 					bo = newBackoff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
 				}
-				if !sleep(ctx, max(bo.next(), m.retryAfter())) {
+				if !sleep(ctx, max(bo.next(), retryAfter(m))) {
 					return nil, first, fmt.Errorf("%w: %w", serverError(m.Error, 0), ctx.Err())
 				}
 				continue
@@ -661,7 +663,7 @@ func (c *Client) keepalive(cs *wsConn) {
 			c.confirmSession(s, sent, m.SessionTTLms)
 		case m.Type == api.TypeError && m.Error != nil && m.Error.Code == api.CodeOverloaded:
 			// Not refused for good: ask again soon (well within the TTL).
-			t.Reset(max(min(iv/4, m.retryAfter()), c.cfg.MinBackoff))
+			t.Reset(max(min(iv/4, retryAfter(m)), c.cfg.MinBackoff))
 			continue
 		case m.Type == api.TypeError && m.Error != nil:
 			c.mu.Lock()
@@ -681,7 +683,7 @@ func (c *Client) keepalive(cs *wsConn) {
 
 // dispatchLocked handles one server frame; it returns work to do after
 // the lock is released (writes).
-func (c *Client) dispatchLocked(cs *wsConn, m *frame) []func() {
+func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
 	if m.ID != 0 {
 		if ch, ok := cs.calls[m.ID]; ok {
 			delete(cs.calls, m.ID)
@@ -694,7 +696,7 @@ func (c *Client) dispatchLocked(cs *wsConn, m *frame) []func() {
 		}
 		if w := cs.watchReqs[m.ID]; w != nil {
 			delete(cs.watchReqs, m.ID)
-			return c.onWatchReplyLocked(cs, w, &m.WSMessage)
+			return c.onWatchReplyLocked(cs, w, m)
 		}
 		if cs.unwatches[m.ID] {
 			delete(cs.unwatches, m.ID)
@@ -704,7 +706,7 @@ func (c *Client) dispatchLocked(cs *wsConn, m *frame) []func() {
 	switch m.Type {
 	case api.TypeChanged:
 		if w := cs.watchIDs[m.WatchID]; w != nil {
-			c.onChangedLocked(w, &m.WSMessage)
+			c.onChangedLocked(w, m)
 		}
 	case api.TypeSynced:
 		if w := cs.watchIDs[m.WatchID]; w != nil {
@@ -723,9 +725,9 @@ func (c *Client) dispatchLocked(cs *wsConn, m *frame) []func() {
 			}}
 		}
 	case api.TypeGranted:
-		return c.onGrantedLocked(cs, &m.WSMessage)
+		return c.onGrantedLocked(cs, m)
 	case api.TypeLost:
-		c.onLostLocked(&m.WSMessage)
+		c.onLostLocked(m)
 	case api.TypeError:
 		if op := c.opByID[m.ID]; op != nil && m.ID != 0 {
 			return c.onAcquireErrorLocked(cs, op, m)
@@ -743,8 +745,9 @@ func (c *Client) dispatchLocked(cs *wsConn, m *frame) []func() {
 		switch code {
 		case api.CodeWaitTimeout, api.CodeCancelled:
 			// The end of a wait answers every request that joined it: this
-			// is one the client re-sent under a newer id (an adopted wait),
-			// whose own answer comes with that id.
+			// is one the client re-sent under a newer id, whose own answer
+			// comes with that id; or the answer of an acquire whose
+			// withdrawal settled it already.
 			c.log.Debug("lockd: the end of a wait answered an earlier request of it", "code", code, "id", m.ID)
 		case api.CodeSessionExpired:
 			c.sessionLostLocked(c.sess, fmt.Errorf("%w: the server ended the session", ErrSessionExpired), false)
@@ -757,8 +760,6 @@ func (c *Client) dispatchLocked(cs *wsConn, m *frame) []func() {
 				}
 			}
 			c.killLocked(cs, code)
-		case api.CodeCancelled:
-			// The answer of an acquire whose withdrawal settled it already.
 		default:
 			c.log.Warn("lockd: unsolicited error from server", "code", code, "id", m.ID)
 		}

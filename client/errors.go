@@ -135,8 +135,6 @@ type ServerError struct {
 	Leader string
 
 	retryAfterHdr string
-	// retryAfterMs is a WebSocket error frame's retry hint.
-	retryAfterMs int64
 }
 
 func (e *ServerError) Error() string {

@@ -552,8 +552,13 @@ func (a *API) callAcquire(ctx context.Context, path string, wait *int64, body fu
 	return a.call(ctx, &request{method: http.MethodPost, path: path, contentType: "application/json", idempotent: true, out: out,
 		body: func() (io.Reader, int64, error) {
 			w := wait
-			if wait != nil {
-				left := max(time.Until(deadline), 0).Milliseconds()
+			if wait != nil && *wait > 0 {
+				// What is left, in whole milliseconds rounded up: a wait
+				// that has not run out is never sent as a try.
+				left := int64(0)
+				if d := time.Until(deadline); d > 0 {
+					left = int64((d + time.Millisecond - 1) / time.Millisecond)
+				}
 				w = &left
 			}
 			payload, err := json.Marshal(body(w))

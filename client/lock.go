@@ -265,7 +265,7 @@ func (l *Lock) Release(ctx context.Context) error {
 // releaseAnswered takes the answer (or the failure) of a release of l.
 // With handOff, done is false when the release should be sent again on
 // its own: the member applied nothing, or the connection broke first.
-func (l *Lock) releaseAnswered(m *frame, err error, handOff bool) (done bool, _ error) {
+func (l *Lock) releaseAnswered(m *api.WSMessage, err error, handOff bool) (done bool, _ error) {
 	c := l.c
 	c.mu.Lock()
 	defer c.mu.Unlock()

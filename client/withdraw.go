@@ -78,7 +78,7 @@ func (c *Client) cancelFrameLocked(op *acquireOp) (*wsConn, []byte) {
 }
 
 // onCancelReplyLocked takes the answer to op's cancel.
-func (c *Client) onCancelReplyLocked(cs *wsConn, op *acquireOp, m *frame) []func() {
+func (c *Client) onCancelReplyLocked(cs *wsConn, op *acquireOp, m *api.WSMessage) []func() {
 	op.cancelID = 0
 	select {
 	case <-op.done:
@@ -98,7 +98,7 @@ func (c *Client) onCancelReplyLocked(cs *wsConn, op *acquireOp, m *frame) []func
 	case m.Type == api.TypeError && m.Error != nil:
 		switch m.Error.Code {
 		case api.CodeOverloaded:
-			d := max(m.retryAfter(), c.cfg.MinBackoff)
+			d := max(retryAfter(m), c.cfg.MinBackoff)
 			c.goLocked(func() {
 				if !sleep(c.ctx, d) {
 					return

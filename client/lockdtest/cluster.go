@@ -9,7 +9,7 @@
 // nothing on disk: the members share one state, so a leader change keeps
 // sessions and queues, as the real cluster does. Faults: SetLeader,
 // DropConnections, Partition, DropReplies, ExpireSession, ExpireLock,
-// DropGrant, DropWatchChanges, Overload. Waits are withdrawn by cancel
+// DropGrant, DropWatchChanges, DropHTTPConnections, Overload. Waits are withdrawn by cancel
 // (WebSocket and HTTP), and a WebSocket release may hand the lock on to
 // another acquire of the same client (handoff), as in lockd. Watches and blocking queries are served
 // too (see watch.go), and so is membership as far as clients see it:
@@ -175,6 +175,16 @@ func (c *Cluster) DropConnections() {
 	c.mu.Lock()
 	c.dropLocked()
 	c.mu.Unlock()
+}
+
+// DropHTTPConnections closes every client's HTTP connection to every
+// member abruptly, as a member's crash does: a request in flight (a
+// waiting acquire, a blocking query) gets a reset, and what it did stays
+// done (a waiting acquire keeps its place, as in lockd).
+func (c *Cluster) DropHTTPConnections() {
+	for _, m := range c.members {
+		m.srv.CloseClientConnections()
+	}
 }
 
 func (c *Cluster) dropLocked() {

@@ -125,8 +125,13 @@ func (e *env) run(ctx context.Context, names, argv []string, f runFlags) int {
 	resCh := make(chan result, 1)
 	actx, cancel := context.WithTimeout(ctx, e.g.timeout+f.wait)
 	defer cancel()
+	what := "lock " + name
+	if len(names) > 1 {
+		what = "locks " + name
+	}
+	e.deadline, _ = actx.Deadline()
 	go func() {
-		c, ls, err := e.runAcquire(actx, tc, names, f.ttl, f.wait, f.sessionTTL, f.kf.options())
+		c, ls, err := e.runAcquire(actx, tc, names, f.ttl, f.wait, f.sessionTTL, f.kf.options(), what)
 		resCh <- result{c, ls, err}
 	}()
 	var r result
@@ -138,12 +143,10 @@ func (e *env) run(ctx context.Context, names, argv []string, f runFlags) int {
 		if r.c != nil {
 			_ = r.c.Close()
 		}
-		fmt.Fprintf(e.stderr, "lockctl: lock %s: interrupted by %v before the lock was taken\n", safe(name), s)
+		// The client withdrew the wait as the acquire's ctx ended, and
+		// Close ends the session (and any grant that raced the withdrawal).
+		fmt.Fprintf(e.stderr, "lockctl: %s: interrupted by %s before the lock was taken; the wait was withdrawn\n", what, sigName(s))
 		return 128 + int(s.(syscall.Signal))
-	}
-	what := "lock " + name
-	if len(names) > 1 {
-		what = "locks " + name
 	}
 	if r.err != nil {
 		if r.c != nil {
@@ -227,9 +230,9 @@ wait:
 }
 
 // runAcquire opens the session and takes the lock(s).
-func (e *env) runAcquire(ctx context.Context, tc *tls.Config, names []string, ttl, wait, sessionTTL time.Duration, opts []client.AcquireOption) (*client.Client, []*client.Lock, error) {
-	c, err := client.New(ctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL, Logger: e.logger(), DialTimeout: -1, // ctx bounds it (--timeout)
-		TLSConfig: tc, Token: e.g.token})
+func (e *env) runAcquire(ctx context.Context, tc *tls.Config, names []string, ttl, wait, sessionTTL time.Duration, opts []client.AcquireOption, what string) (*client.Client, []*client.Lock, error) {
+	c, err := client.New(ctx, client.Config{Endpoints: e.endpoints(), ClientID: e.sessionClientID(), SessionTTL: sessionTTL, Logger: e.logger(), DialTimeout: -1, // ctx bounds it (--timeout)
+		TLSConfig: tc, Token: e.g.token, OnRetry: e.waitingNote(what)})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -19,8 +19,12 @@ import (
 	"github.com/lockd/lockd/client"
 )
 
-// stopSignals end watch and elect (exit 0).
+// stopSignals end watch and elect (exit 0), and an acquire's wait.
 var stopSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM}
+
+// closeTimeout bounds the clean-up of watch's and elect's session on the
+// server when they stop.
+const closeTimeout = 700 * time.Millisecond
 
 // watchEvent is a watch's -o json line: the WebSocket changed frame's
 // fields, and resync when the status was read again after a reconnect or
@@ -78,8 +82,11 @@ func (e *env) openClient(ctx context.Context, sessionTTL time.Duration, what str
 	}
 	cctx, cancel := e.ctx(ctx, 0)
 	defer cancel()
-	c, err = client.New(cctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL, DialTimeout: -1, // ctx bounds it (--timeout)
-		Logger: e.logger(), TLSConfig: tc, Token: e.g.token})
+	c, err = client.New(cctx, client.Config{Endpoints: e.endpoints(), ClientID: e.sessionClientID(), SessionTTL: sessionTTL, DialTimeout: -1, // ctx bounds it (--timeout)
+		Logger: e.logger(), TLSConfig: tc, Token: e.g.token, OnRetry: e.waitingNote(what),
+		// Stopped by a signal, lockctl is done within a second: the
+		// session's deletion gets that long, else it ends by its TTL.
+		CloseTimeout: closeTimeout})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, exitOK // stopped while connecting
@@ -138,9 +145,9 @@ func (e *env) watch(ctx context.Context, pos []string, prefixSet bool, prefix st
 	var ch <-chan client.WatchEvent
 	if prefixSet {
 		what = fmt.Sprintf("watch --prefix %q", prefix)
-		ch, err = c.WatchPrefix(ctx, prefix)
+		ch, err = c.WatchPrefix(ctx, prefix, client.WithConnEvents())
 	} else {
-		ch, err = c.Watch(ctx, pos[0])
+		ch, err = c.Watch(ctx, pos[0], client.WithConnEvents())
 	}
 	if err != nil {
 		if ctx.Err() != nil {
@@ -149,9 +156,28 @@ func (e *env) watch(ctx context.Context, pos []string, prefixSet bool, prefix st
 		return e.fail(err, what)
 	}
 	for ev := range ch {
+		if ev.Conn != nil {
+			e.connLine(what, ev.Conn)
+			continue
+		}
 		e.printLine(watchEvent{Lock: ev.Lock, Index: ev.Index, Status: ev.Status, Resync: ev.Resync}, watchLine(ev))
 	}
 	return exitOK // ctx ended: a signal
+}
+
+// connLine tells on stderr that a watch lost its connection, or has it
+// again: without it, a quiet watch could be either no change or no
+// cluster.
+func (e *env) connLine(what string, ce *client.ConnEvent) {
+	if !ce.Connected {
+		fmt.Fprintf(e.stderr, "lockctl: %s: disconnected from the cluster (%v); reconnecting, no changes are shown meanwhile\n", what, ce.Err)
+		return
+	}
+	changes := "changes"
+	if ce.CaughtUp == 1 {
+		changes = "change"
+	}
+	fmt.Fprintf(e.stderr, "lockctl: %s: re-established on %s; caught up %d %s made meanwhile\n", what, ce.Leader, ce.CaughtUp, changes)
 }
 
 // leaderLine is elect's -o json line.
