@@ -32,10 +32,11 @@ type acquireOptions struct {
 // WithTTL gives the lock a TTL of its own on top of the session: it is lost
 // when not renewed within d (see WithAutoRenew and Lock.Renew), or when the
 // session ends, whichever is first. Without it the lock lives as long as
-// the session. Either way the lock's lease is what the server granted: an
-// Acquire that adopts an abandoned wait of the same lock (see Acquire) may
-// get the TTL that wait was queued with; a lock wanted without a TTL that
-// the server gave one is then renewed automatically, as WithAutoRenew does.
+// the session. Either way the lock's lease is what the server granted (a
+// wait re-sent after a reconnect is confirmed with a renew; see
+// Lock.Deadline); a lock wanted without a TTL that the server gave one —
+// another user of this client ID queued it with one — is renewed
+// automatically, as WithAutoRenew does.
 func WithTTL(d time.Duration) AcquireOption {
 	return func(o *acquireOptions) { o.ttl = d }
 }
@@ -493,8 +494,8 @@ func grants(m *api.WSMessage) []api.Grant {
 // one with expires_at has the TTL the server holds, which the client knows
 // only when the grant answers the one request this wait ever sent, with a
 // TTL (the server counts that TTL from the commit, after the send). In
-// every other case — a wait re-sent after a reconnect or adopted by a later
-// Acquire (a resend without ttl_ms keeps the queued TTL), a grant pushed
+// every other case — a wait re-sent after a reconnect (a resend without
+// ttl_ms keeps the queued TTL), a grant pushed
 // under a later request than the one it answers, a late grant whose lease
 // is mostly spent — a renew with an explicit TTL confirms the lease before
 // the lock is handed out (see confirmLease). A multi-acquire's grants are

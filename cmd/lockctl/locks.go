@@ -132,9 +132,17 @@ func (e *env) acquireCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "acquire NAME [NAME...] [--ttl 30s] [--wait 0s] [--shared] [--limit N] [--lock-delay D] [--value V]",
 		Short: "take locks without a session; print the token and the expiry",
-		Long: `Take a lock without a session, held by --client-id until its TTL runs out
-or it is released (lockctl release NAME --token N --client-id ID); print
+		Long: `Take a lock without a session, held by --client-id (default user@host) until
+its TTL runs out or it is released (lockctl release NAME --token N); print
 its fencing token and expiry. With --wait, wait up to that long for it.
+
+A wait rides through a failover: a dropped connection, no_leader or
+overloaded is retried on the member that leads then (the acquire keeps its
+place), with a line on stderr saying what lockctl waits for. Given up — at
+--timeout + --wait, or on SIGINT/SIGTERM (exit 128+N) — the wait is
+withdrawn before lockctl exits (and a grant that came just then is
+released). A killed lockctl cannot withdraw it: for a lock that must not
+outlive its process, use lockctl run.
 
 Several names (NAME NAME, or NAME,NAME) are a multi-lock: every lock in one
 step, or none; a refusal names the lock that blocked it. Each lock is then
@@ -398,10 +406,11 @@ func (e *env) releaseCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "release NAME --token N",
 		Short: "release a lock held by --client-id",
-		Long: `Release a lock held by --client-id with fencing token N. Pass the same
---client-id as to acquire (its default, <hostname>:<pid>, differs per
-invocation). Exits 5 when that client does not hold the lock with that token.`,
-		Example: "  lockctl release jobs/nightly --token 42 --client-id me",
+		Long: `Release a lock held by --client-id with fencing token N. The default
+client ID, user@host, is acquire's too; pass the --client-id acquire was
+given. Exits 5 when that client does not hold the lock with that token, and
+says who does.`,
+		Example: "  lockctl release jobs/nightly --token 42",
 		Args:    positional("NAME"),
 		RunE: func(c *cobra.Command, args []string) error {
 			return status(e.release(c.Context(), args[0], token))

@@ -41,7 +41,10 @@ NAME,NAME holds several locks, taken in one step or none (a multi-lock);
 the variables are then comma-separated lists in name order, and losing any
 of the locks counts as losing the lock. The lock-kind flags are acquire's.
 
-Signals to lockctl (INT, TERM, HUP, QUIT, USR1, USR2) are passed on to CMD.
+A wait for the lock rides through a failover (the session is resumed on
+the new leader, the acquire keeps its place); a signal before the lock is
+taken withdraws the wait (exit 128+N). Once CMD runs, signals to lockctl
+(INT, TERM, HUP, QUIT, USR1, USR2) are passed on to CMD.
 If the lock is lost (the client's conservative local lease runs out, or the
 server ends the lock or the session), CMD's group gets SIGTERM at once and
 SIGKILL after --grace, and lockctl exits 3. Otherwise lockctl releases the

@@ -106,10 +106,12 @@ under P (first those held, awaited or delayed now), as it commits: one line
 per change — lock, index, held or free, holder, token, mode, waiters, value
 (-o json: one object a line: lock, index, status). A state read again after
 a reconnect, into which changes made meanwhile may be folded, ends in
-"resync" (JSON "resync": true). Follows leader changes; runs until SIGINT
-or SIGTERM (exit 0). It holds no lock: a token with read access to the lock or
-prefix is enough (its connection then carries no session; with a lock token
-it opens one, which holds nothing).`,
+"resync" (JSON "resync": true). Follows leader changes, and says on stderr
+when it is disconnected from the cluster and when it is back (with how many
+locks changed meanwhile). Runs until SIGINT or SIGTERM (exit 0, within a
+second). It holds no lock: a token with read access to the lock or prefix
+is enough (its connection then carries no session; with a lock token it
+opens one, which holds nothing).`,
 		Example: `  lockctl watch jobs/nightly
   lockctl watch --prefix jobs/ -o json`,
 		Args: func(c *cobra.Command, args []string) error {
@@ -208,9 +210,10 @@ func (e *env) electCmd() *cobra.Command {
 		Long: `elect NAME VALUE campaigns in election NAME (a lock: candidates queue in
 order); once elected it prints VALUE (-o json: lock, value, client_id,
 fencing_token) and leads until SIGINT or SIGTERM, then resigns (the next
-candidate leads at once) and exits 0. If the leadership is lost (the session
-expired, the lock was revoked) it exits 3; a session lost while campaigning
-campaigns again. --session-ttl: how long the cluster keeps the leadership of
+candidate leads at once) and exits 0; stopped before it was elected, it
+withdraws its candidacy. If the leadership is lost (the session expired, the
+lock was revoked) it exits 3; a session lost while campaigning campaigns
+again. --session-ttl: how long the cluster keeps the leadership of
 a lockctl that stopped answering.
 
 elect NAME --listen never campaigns: it prints the current leader's value,
