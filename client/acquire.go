@@ -155,8 +155,11 @@ type acquireOp struct {
 	// confirming: granted; a renew is confirming the lease before the
 	// lock is handed out (see onGrantedLocked).
 	confirming bool
-	// retrying: refused as overloaded; a resend is scheduled.
+	// retrying: refused as overloaded; a resend is scheduled. heldBack:
+	// a send was due while a release of one of its names was unsettled;
+	// it goes out once that is settled (see releaseDoneLocked).
 	retrying bool
+	heldBack bool
 	bo       *backoff
 
 	sess *session // the session it was last sent in
@@ -408,9 +411,11 @@ func (c *Client) acquireRequestLocked(op *acquireOp, force, handOff bool) *api.W
 	}
 	for _, n := range op.names {
 		if c.releasing[n] > 0 && !handOff {
+			op.heldBack = true
 			return nil
 		}
 	}
+	op.heldBack = false
 	delete(c.opByID, op.reqID)
 	op.reqID = c.nextID()
 	c.opByID[op.reqID] = op
@@ -603,8 +608,9 @@ func (c *Client) onGrantedLocked(cs *wsConn, m *api.WSMessage) []func() {
 // lock of a multi-acquire cannot be confirmed, the others are released.
 func (c *Client) confirmLease(op *acquireOp, ls []*Lock, ttl time.Duration) {
 	type confirmed struct {
-		sent time.Time
-		exp  time.Time
+		sent  time.Time
+		exp   time.Time
+		proof string // signed for the renewed expiry
 	}
 	got := make([]confirmed, len(ls))
 	var err error
@@ -614,7 +620,7 @@ func (c *Client) confirmLease(op *acquireOp, ls []*Lock, ttl time.Duration) {
 		case rerr != nil:
 			err = rerr
 		case m.Type == api.TypeOK:
-			got[i].sent = sent
+			got[i].sent, got[i].proof = sent, m.FencingProof
 			if exp, perr := api.ParseTime(m.ExpiresAt); perr == nil && !exp.IsZero() {
 				got[i].exp = exp
 			}
@@ -647,6 +653,9 @@ func (c *Client) confirmLease(op *acquireOp, ls []*Lock, ttl time.Duration) {
 		l.ttl, l.deadline = ttl, got[i].sent.Add(ttl)
 		if !got[i].exp.IsZero() {
 			l.expiresAt = got[i].exp
+		}
+		if got[i].proof != "" {
+			l.proof = got[i].proof
 		}
 	}
 	c.grantLocked(op, ls)

@@ -238,9 +238,10 @@ func (l *Lock) Release(ctx context.Context) error {
 		return err
 	}
 	var hand *api.WSRequest
+	var next *acquireOp
 	cs := c.cur
 	if err == nil {
-		if hand = c.handOffLocked(l, cs); hand != nil {
+		if hand, next = c.handOffLocked(l, cs); hand != nil {
 			// Until this release is settled, the acquire it carries is
 			// not sent again on its own (see acquireRequestLocked).
 			c.releasing[l.name]++
@@ -254,8 +255,11 @@ func (l *Lock) Release(ctx context.Context) error {
 			return rerr
 		}
 		// Nothing was applied, or the connection broke before the
-		// answer: release on its own (the acquire is sent again, on its
-		// own too, once that is settled).
+		// answer: release on its own; the acquire is sent again, on its
+		// own too, once that is settled.
+		c.mu.Lock()
+		next.heldBack = true
+		c.mu.Unlock()
 	}
 	m, _, err := c.roundTrip(ctx, l.sess, &api.WSRequest{Op: api.OpRelease, Lock: l.name, FencingToken: l.token})
 	_, rerr := l.releaseAnswered(m, err, false)
@@ -275,7 +279,9 @@ func (l *Lock) releaseAnswered(m *api.WSMessage, err error, handOff bool) (done 
 		}
 		if err == nil && m.Type == api.TypeError && m.Error != nil {
 			switch m.Error.Code {
-			case api.CodeNotLeader, api.CodeNoLeader, api.CodeOverloaded:
+			case api.CodeNotLeader, api.CodeNoLeader, api.CodeOverloaded, api.CodeInvalidArgument:
+				// Refused before anything was proposed (a member that
+				// takes no hand-off says invalid_argument).
 				return false, nil
 			}
 		}
@@ -324,8 +330,15 @@ func (c *Client) releaseDoneLocked(name string) [][]byte {
 	close(c.relCh)
 	c.relCh = make(chan struct{})
 	var frames [][]byte
-	if op := c.ops[name]; op != nil && c.releasing[name] == 0 && op.conn != c.cur {
-		if f := c.pendingFrameLocked(op); f != nil {
+	if op := c.ops[name]; op != nil && c.releasing[name] == 0 {
+		var f []byte
+		switch {
+		case op.heldBack && !op.abandoned:
+			f = c.prepAcquireLocked(op, true)
+		case op.conn != c.cur:
+			f = c.pendingFrameLocked(op)
+		}
+		if f != nil {
 			frames = append(frames, f)
 		}
 	}

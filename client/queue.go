@@ -214,32 +214,30 @@ func (c *Client) startLocked(t *ticket) *acquireOp {
 // handOffLocked picks the acquire that lock l's release hands the lock on
 // to: the next in l's queue, if it is a single-lock acquire whose turn
 // comes with the release. It starts that acquire, wakes its caller, and
-// returns the release request carrying it; nil when there is none, and
-// the release is a plain one.
-func (c *Client) handOffLocked(l *Lock, cs *wsConn) *api.WSRequest {
+// returns the release request carrying it, and the acquire; nil when there
+// is none, and the release is a plain one.
+func (c *Client) handOffLocked(l *Lock, cs *wsConn) (*api.WSRequest, *acquireOp) {
 	q := c.queues[l.name]
 	if cs == nil || cs != c.cur || cs.sess != l.sess || l.group != nil || c.locks[l.name] != l || len(q) == 0 {
-		return nil
+		return nil, nil
 	}
 	t := q[0]
 	// A release of an earlier grant may still be unanswered (the previous
 	// hand-off, say): this one goes out after it on the same connection,
 	// where the server applies them in order.
 	if len(t.names) != 1 || t.signalled || t.ctx.Err() != nil || c.ops[l.name] != nil {
-		return nil
+		return nil, nil
 	}
 	c.dequeueLocked(t)
 	op := c.startLocked(t)
+	t.signalled = true
+	close(t.ready)
 	acq := c.acquireRequestLocked(op, true, true)
 	if acq == nil {
 		// Not sendable now (the session is being replaced): the next
 		// connection sends it as an ordinary acquire.
-		t.signalled = true
-		close(t.ready)
-		return nil
+		return nil, nil
 	}
 	acq.Op, acq.Lock = "", "" // implied by the release it rides on
-	t.signalled = true
-	close(t.ready)
-	return &api.WSRequest{Op: api.OpRelease, Lock: l.name, FencingToken: l.token, Handoff: acq}
+	return &api.WSRequest{Op: api.OpRelease, Lock: l.name, FencingToken: l.token, Handoff: acq}, op
 }

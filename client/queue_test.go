@@ -343,3 +343,27 @@ func TestWaitTimeoutCountsInTheClientsQueue(t *testing.T) {
 		t.Fatalf("queue length %d after it timed out", n)
 	}
 }
+
+// TestHandOffRefusedFallsBack: a release with a hand-off that the member
+// refuses before proposing anything (overloaded here; a member that takes
+// no hand-off says invalid_argument) is sent again as a plain release, and
+// the acquire it carried as a plain acquire once that is settled: the next
+// goroutine still gets the lock, with a new token.
+func TestHandOffRefusedFallsBack(t *testing.T) {
+	f := newFake(t, lockdtest.Options{})
+	c := newClient(t, f, client.Config{ClientID: "c"})
+	l, err := c.Acquire(t.Context(), "fb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := acquireAsync(t, c, "fb")
+	testutil.WaitFor(t, 2*time.Second, "queued", func() bool { return c.QueueLen("fb") == 1 })
+	f.Overload(api.OpRelease, 1)
+	if err := l.Release(t.Context()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	l2 := waitAcquired(t, next, 3*time.Second)
+	if l2.Token() <= l.Token() || f.Overloaded() != 1 || f.Handoffs() != 0 {
+		t.Fatalf("token %d after %d, %d refused, %d hand-offs", l2.Token(), l.Token(), f.Overloaded(), f.Handoffs())
+	}
+}
