@@ -178,6 +178,17 @@ func (c *Client) heldTokens(ctx context.Context, names []string) (map[string]uin
 		if len(hs) == 0 && st.Held {
 			hs = []holderWire{st.holderWire}
 		}
+		if st.HoldersTotal > len(st.Holders) {
+			// A status lists the 64 lowest tokens: read every holder of a
+			// bigger semaphore (at most 10 000, one page).
+			var page struct {
+				Holders []holderWire `json:"holders"`
+			}
+			if err := c.api.do(ctx, http.MethodGet, lockPath(name, "holders")+"?limit=10000", nil, &page); err != nil {
+				return nil, err
+			}
+			hs = page.Holders
+		}
 		for _, h := range hs {
 			if h.ClientID == c.cfg.ClientID {
 				held[name] = h.FencingToken

@@ -225,13 +225,13 @@ func (e *env) acquire(ctx context.Context, names []string, ttl, wait time.Durati
 			e.releaseRaced(r.api, names)
 		}
 		if s := sig(); s != nil {
-			fmt.Fprintf(e.stderr, "lockctl: %s: interrupted by %s; %s\n", what, sigName(s), withdrawnWords(err, wait > 0))
+			e.note("%s: interrupted by %s; %s", what, sigName(s), withdrawnWords(err, wait > 0))
 			return 128 + int(s.(syscall.Signal))
 		}
 		e.nameHolder(r.api, names[0], &err)
 		code := e.fail(err, what)
 		if wait > 0 && r.ctx.Err() != nil {
-			fmt.Fprintf(e.stderr, "lockctl: %s: gave up waiting; %s\n", what, withdrawnWords(err, true))
+			e.note("%s: gave up waiting; %s", what, withdrawnWords(err, true))
 		}
 		return code
 	}
@@ -288,7 +288,7 @@ func (e *env) releaseRaced(a *client.API, names []string) {
 	for _, name := range names {
 		st, err := a.Status(ctx, name, false)
 		if err != nil {
-			fmt.Fprintf(e.stderr, "lockctl: lock %s: could not check for a grant made as lockctl gave up: %v (it ends with its TTL)\n", name, err)
+			e.note("lock %s: could not check for a grant made as lockctl gave up: %v (it ends with its TTL)", name, err)
 			continue
 		}
 		for _, h := range holdersOf(st) {
@@ -296,9 +296,9 @@ func (e *env) releaseRaced(a *client.API, names []string) {
 				continue
 			}
 			if err := a.Release(ctx, name, id, h.FencingToken); err != nil {
-				fmt.Fprintf(e.stderr, "lockctl: lock %s: granted (token %d) as lockctl gave up; releasing it failed: %v (it ends with its TTL)\n", name, h.FencingToken, err)
+				e.note("lock %s: granted (token %d) as lockctl gave up; releasing it failed: %v (it ends with its TTL)", name, h.FencingToken, err)
 			} else {
-				fmt.Fprintf(e.stderr, "lockctl: lock %s: granted (token %d) as lockctl gave up; released it\n", name, h.FencingToken)
+				e.note("lock %s: granted (token %d) as lockctl gave up; released it", name, h.FencingToken)
 			}
 		}
 	}
@@ -660,7 +660,7 @@ func (e *env) failNotHolder(a *client.API, err error, name string, token uint64)
 			why = "; it is held " + strings.Join(hs, ", ")
 		}
 	}
-	fmt.Fprintf(e.stderr, "lockctl: lock %s: not the holder: client %s does not hold it with token %d%s. Pass the --client-id the lock was acquired with (the default, %s, is yours on this host).\n",
+	e.note("lock %s: not the holder: client %s does not hold it with token %d%s. Pass the --client-id the lock was acquired with (the default, %s, is yours on this host).",
 		name, textValue(id), token, why, textValue(userAtHost()))
 	return exitNotHolder
 }

@@ -43,6 +43,12 @@ func (e *env) fail(err error, what string) int {
 	return exitCode(err)
 }
 
+// note prints a line of prose on stderr (lockctl: ...), its echoed names
+// and messages escaped (SPEC 21; see safe).
+func (e *env) note(format string, args ...any) {
+	fmt.Fprintf(e.stderr, "lockctl: %s\n", safe(fmt.Sprintf(format, args...)))
+}
+
 // describe words an error for a person: the cause first, details after.
 // Its text echoes what the server said (names, holders, messages): fail
 // escapes it (safe) before it reaches the terminal.
@@ -134,7 +140,7 @@ func (e *env) waitingNote(what string) func(error) {
 		if !e.deadline.IsZero() {
 			until = " until " + e.deadline.Format("15:04:05")
 		}
-		fmt.Fprintf(e.stderr, "lockctl: %s: %s (%v); retrying%s\n", what, cause, err, until)
+		e.note("%s: %s (%v); retrying%s", what, cause, err, until)
 	}
 }
 

@@ -148,7 +148,7 @@ func (e *env) run(ctx context.Context, names, argv []string, f runFlags) int {
 		}
 		// The client withdrew the wait as the acquire's ctx ended, and
 		// Close ends the session (and any grant that raced the withdrawal).
-		fmt.Fprintf(e.stderr, "lockctl: %s: interrupted by %s before the lock was taken; the wait was withdrawn\n", what, sigName(s))
+		e.note("%s: interrupted by %s before the lock was taken; the wait was withdrawn", what, sigName(s))
 		return 128 + int(s.(syscall.Signal))
 	}
 	if r.err != nil {

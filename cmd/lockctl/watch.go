@@ -172,14 +172,14 @@ func (e *env) watch(ctx context.Context, pos []string, prefixSet bool, prefix st
 // cluster.
 func (e *env) connLine(what string, ce *client.ConnEvent) {
 	if !ce.Connected {
-		fmt.Fprintf(e.stderr, "lockctl: %s: disconnected from the cluster (%v); reconnecting, no changes are shown meanwhile\n", what, ce.Err)
+		e.note("%s: disconnected from the cluster (%v); reconnecting, no changes are shown meanwhile", what, ce.Err)
 		return
 	}
 	changes := "changes"
 	if ce.CaughtUp == 1 {
 		changes = "change"
 	}
-	fmt.Fprintf(e.stderr, "lockctl: %s: re-established on %s; caught up %d %s made meanwhile\n", what, ce.Leader, ce.CaughtUp, changes)
+	e.note("%s: re-established on %s; caught up %d %s made meanwhile", what, ce.Leader, ce.CaughtUp, changes)
 }
 
 // leaderLine is elect's -o json line.
