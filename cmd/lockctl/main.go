@@ -254,7 +254,7 @@ func (e *env) setupFailed(err error) int {
 }
 
 // clientID is the client ID of the commands without a session (acquire,
-// release, renew, session create, bench's prefix): --client-id, or
+// release, renew, session create): --client-id, or
 // user@host, the same for every lockctl of a user on a host, so that
 // `lockctl release` releases what an earlier `lockctl acquire` took.
 func (e *env) clientID() string {
@@ -265,9 +265,10 @@ func (e *env) clientID() string {
 }
 
 // sessionClientID is the client ID of the commands that hold a session
-// while they run (run, elect, watch): --client-id, or user@host:pid. Two of
-// them running at once must not be one client to the server: a second
-// `lockctl run` of a lock would be handed the first one's grant.
+// while they run (run, elect, watch; bench's prefix): --client-id, or
+// user@host:pid. Two of them running at once must not be one client to the
+// server: a second `lockctl run` of a lock would be handed the first one's
+// grant.
 func (e *env) sessionClientID() string {
 	if e.g.clientID != "" {
 		return e.g.clientID
