@@ -32,10 +32,11 @@ type acquireOptions struct {
 // WithTTL gives the lock a TTL of its own on top of the session: it is lost
 // when not renewed within d (see WithAutoRenew and Lock.Renew), or when the
 // session ends, whichever is first. Without it the lock lives as long as
-// the session. Either way the lock's lease is what the server granted: an
-// Acquire that adopts an abandoned wait of the same lock (see Acquire) may
-// get the TTL that wait was queued with; a lock wanted without a TTL that
-// the server gave one is then renewed automatically, as WithAutoRenew does.
+// the session. Either way the lock's lease is what the server granted (a
+// wait re-sent after a reconnect is confirmed with a renew; see
+// Lock.Deadline); a lock wanted without a TTL that the server gave one —
+// another user of this client ID queued it with one — is renewed
+// automatically, as WithAutoRenew does.
 func WithTTL(d time.Duration) AcquireOption {
 	return func(o *acquireOptions) { o.ttl = d }
 }
@@ -139,16 +140,27 @@ type acquireOp struct {
 	try      bool
 	deadline time.Time       // end of an explicit wait
 	ctx      context.Context // the caller's: bounds an implicit wait
-	// abandoned: the caller went away; a grant that still comes is released.
+	// abandoned: the caller went away; the wait is withdrawn (see
+	// withdraw.go) and a grant that still comes is released.
 	abandoned bool
-	// sends counts the requests sent for this wait, over every caller
-	// that adopted it; lastTTL is the last TTL one of them carried (the
-	// server keeps a queued TTL when a resend carries none).
+	// cancelID is the id of the cancel request under way, 0 for none;
+	// cancelConn the connection it went out on.
+	cancelID   uint64
+	cancelConn *wsConn
+	// sends counts the requests sent for this wait; lastTTL is the last
+	// TTL one of them carried (the server keeps a queued TTL when a resend
+	// carries none).
 	sends   int
 	lastTTL time.Duration
 	// confirming: granted; a renew is confirming the lease before the
 	// lock is handed out (see onGrantedLocked).
 	confirming bool
+	// retrying: refused as overloaded; a resend is scheduled. heldBack:
+	// a send was due while a release of one of its names was unsettled;
+	// it goes out once that is settled (see releaseDoneLocked).
+	retrying bool
+	heldBack bool
+	bo       *backoff
 
 	sess *session // the session it was last sent in
 	conn *wsConn  // the connection it was last sent on
@@ -181,13 +193,24 @@ const waitSlack = time.Second
 
 // Acquire takes lock name in the client's session. It blocks until the lock
 // is granted, ctx is done, or the wait timeout (WithWaitTimeout) runs out.
-// Several goroutines of one Client acquiring the same name are served one
-// at a time: the server knows the client by its ID, not by goroutine. A
-// wait whose caller gave up stays queued on the server (no request
-// withdraws one); the next Acquire of the name adopts it, with its own
-// options, and keeps its place. While the client is still releasing a lock
-// of that name in the background (see Lock.Release), Acquire waits for that
-// first, at most Config.CloseTimeout.
+//
+// Goroutines of one Client acquiring the same name are served one at a
+// time, in the order their calls arrived (the server knows the client by
+// its ID, not by goroutine): the Client keeps a queue per lock name, and
+// only its head waits on the server. When the holder releases the lock
+// and the next in that queue is another Acquire of this Client, the
+// release hands the lock on in the same committed step (one commit, not
+// two); that Acquire still joins the server's queue behind other clients'
+// waiters, and gets a grant of its own with a new token.
+//
+// When ctx ends (or the wait timeout passes with no answer) while the
+// wait is queued on the server, the client withdraws it (a cancel), so the
+// lock does not go to a waiter nobody listens for; a grant that raced the
+// cancel is released at once. If the connection is down then, the cancel
+// goes out on the next one, for at most Config.CloseTimeout; a later Acquire
+// of the name waits until it is settled. While the client is still
+// releasing a lock of that name in the background (see Lock.Release),
+// Acquire waits for that first, at most Config.CloseTimeout.
 func (c *Client) Acquire(ctx context.Context, name string, opts ...AcquireOption) (*Lock, error) {
 	ls, err := c.acquire(ctx, []string{name}, options(opts), false)
 	if err != nil {
@@ -218,8 +241,9 @@ func (c *Client) TryAcquire(ctx context.Context, name string, opts ...AcquireOpt
 // Acquire). It waits as Acquire does: in every lock's queue at once, and
 // is granted when it heads every queue and every lock is free, so two
 // AcquireMany calls of overlapping names, in whatever order, never
-// deadlock. WithShared applies to every lock; WithLimit above 1 is
-// refused.
+// deadlock (the Client's own queues per name work the same way). A wait
+// whose ctx ends is withdrawn as Acquire's is. WithShared applies to every
+// lock; WithLimit above 1 is refused.
 //
 // It returns one Lock per name, in name order (not the order of names),
 // each with its own fencing token. They share one fate: when any of them
@@ -288,76 +312,17 @@ func (c *Client) acquire(ctx context.Context, names []string, o acquireOptions, 
 	if err := o.check(len(names) > 1); err != nil {
 		return nil, err
 	}
-	start := time.Now()
-	var op *acquireOp
-	for op == nil {
-		c.mu.Lock()
-		if c.closed {
-			c.mu.Unlock()
-			return nil, ErrClosed
-		}
-		var busy <-chan struct{}
-		releasing := false
-		var adopt *acquireOp
-		var here *heldHereError // what a try says when busy is this client's own
-		for _, name := range names {
-			if l := c.locks[name]; l != nil {
-				busy = l.lost
-				here = &heldHereError{what: describe(names), lock: name, token: l.token}
-			} else if c.releasing[name] > 0 {
-				// The server would answer with the grant being released (same
-				// token), and the release would then end it.
-				busy, releasing = c.relCh, true
-			} else if p := c.ops[name]; p != nil {
-				if !p.abandoned || !slices.Equal(p.names, names) {
-					// Pending for a caller, or an abandoned wait of other
-					// names, which the server would not take as a retry.
-					busy = p.done
-					here = &heldHereError{what: describe(names), lock: name, pending: true}
-				} else {
-					adopt = p // an abandoned wait: adopt it, it keeps its place
-				}
-			}
-			if busy != nil {
-				break
-			}
-		}
-		if busy == nil {
-			op = adopt
-			if op == nil {
-				op = &acquireOp{names: names, done: make(chan struct{})}
-				for _, name := range names {
-					c.ops[name] = op
-				}
-			}
-			op.acquireOptions, op.try, op.ctx, op.abandoned = o, try, ctx, false
-			op.deadline = start.Add(o.wait)
-			frame := c.prepAcquireLocked(op, true)
-			cs := c.cur
-			c.mu.Unlock()
-			if frame != nil {
-				_ = c.write(cs, frame)
-			}
-			break
-		}
-		c.mu.Unlock()
-		if try && !releasing {
-			return nil, here
-		}
-		select {
-		case <-busy:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-c.ctx.Done():
-			return nil, ErrClosed
-		}
+	t := &ticket{names: names, o: o, try: try, ctx: ctx, start: time.Now(), ready: make(chan struct{})}
+	op, err := c.takeTurn(t)
+	if err != nil {
+		return nil, err
 	}
 
 	var timeout <-chan time.Time
 	if o.waitSet && !try {
-		t := time.NewTimer(time.Until(op.deadline) + waitSlack)
-		defer t.Stop()
-		timeout = t.C
+		tm := time.NewTimer(time.Until(op.deadline) + waitSlack)
+		defer tm.Stop()
+		timeout = tm.C
 	}
 	select {
 	case <-op.done:
@@ -367,11 +332,11 @@ func (c *Client) acquire(ctx context.Context, names []string, o acquireOptions, 
 			// can come a moment before ctx's own timer fires. What ended
 			// the wait is ctx, as documented.
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < waitSlack {
-				t := time.NewTimer(time.Until(dl) + 10*time.Millisecond)
-				defer t.Stop()
+				tm := time.NewTimer(time.Until(dl) + 10*time.Millisecond)
+				defer tm.Stop()
 				select {
 				case <-ctx.Done():
-				case <-t.C:
+				case <-tm.C:
 				}
 				if ctx.Err() != nil {
 					return nil, ctx.Err()
@@ -389,11 +354,11 @@ func (c *Client) acquire(ctx context.Context, names []string, o acquireOptions, 
 }
 
 // abandon gives up on op for its caller. A lock it already got is released;
-// a wait still queued on the server stays there until it resolves (no
-// request withdraws a wait), and a grant it gets then is released.
+// a wait still pending is withdrawn (see withdrawLocked), and a grant it
+// gets meanwhile is released.
 func (c *Client) abandon(op *acquireOp) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	var send func()
 	select {
 	case <-op.done:
 		for _, l := range op.locks {
@@ -402,7 +367,11 @@ func (c *Client) abandon(op *acquireOp) {
 			}
 		}
 	default:
-		op.abandoned = true
+		send = c.withdrawLocked(op)
+	}
+	c.mu.Unlock()
+	if send != nil {
+		send()
 	}
 }
 
@@ -418,13 +387,35 @@ func (c *Client) releaseQuietly(l *Lock) {
 
 // prepAcquireLocked assigns op a new request id and returns its frame for
 // the live connection, or nil when there is none (the next connection will
-// send it), op was already sent on it and force is false, or op is granted
-// already.
+// send it), op was already sent on it and force is false, op is granted
+// already, is waiting out an overloaded refusal, was given up (its wait
+// is withdrawn instead: see withdrawLocked), or a release of one of its
+// names is under way (the server would answer the acquire with that very
+// grant; see Client.releasing).
 func (c *Client) prepAcquireLocked(op *acquireOp, force bool) []byte {
-	cs := c.cur
-	if cs == nil || c.sess == nil || c.sess.lost || op.confirming || (op.conn == cs && !force) {
+	req := c.acquireRequestLocked(op, force, false)
+	if req == nil {
 		return nil
 	}
+	data, _ := json.Marshal(req)
+	return data
+}
+
+// acquireRequestLocked is prepAcquireLocked's request, not yet encoded;
+// handOff says it rides on a release of the same lock (see
+// handOffLocked), which the server applies before it.
+func (c *Client) acquireRequestLocked(op *acquireOp, force, handOff bool) *api.WSRequest {
+	cs := c.cur
+	if cs == nil || c.sess == nil || c.sess.lost || op.confirming || op.retrying || op.abandoned || (op.conn == cs && !force) {
+		return nil
+	}
+	for _, n := range op.names {
+		if c.releasing[n] > 0 && !handOff {
+			op.heldBack = true
+			return nil
+		}
+	}
+	op.heldBack = false
 	delete(c.opByID, op.reqID)
 	op.reqID = c.nextID()
 	c.opByID[op.reqID] = op
@@ -434,8 +425,7 @@ func (c *Client) prepAcquireLocked(op *acquireOp, force bool) []byte {
 
 	var wait time.Duration
 	switch {
-	case op.abandoned || op.try:
-		// A resend only to learn whether the lock came while away.
+	case op.try:
 	case op.waitSet:
 		wait = time.Until(op.deadline)
 	default:
@@ -446,7 +436,7 @@ func (c *Client) prepAcquireLocked(op *acquireOp, force bool) []byte {
 	}
 	wait = min(max(wait, 0), api.MaxWaitTimeoutMs*time.Millisecond)
 	waitMs := wait.Milliseconds()
-	req := api.WSRequest{ID: op.reqID, Op: api.OpAcquire, WaitTimeoutMs: &waitMs, Mode: op.mode, Value: op.value}
+	req := &api.WSRequest{ID: op.reqID, Op: api.OpAcquire, WaitTimeoutMs: &waitMs, Mode: op.mode, Value: op.value}
 	if op.multi() {
 		req.Locks = op.names
 	} else {
@@ -463,11 +453,11 @@ func (c *Client) prepAcquireLocked(op *acquireOp, force bool) []byte {
 	if op.lockDelay > 0 {
 		req.LockDelayMs = ms(op.lockDelay)
 	}
-	data, _ := json.Marshal(&req)
-	return data
+	return req
 }
 
-// finishLocked resolves op.
+// finishLocked resolves op, and lets the next in the Client's queues of
+// its names go.
 func (c *Client) finishLocked(op *acquireOp, ls []*Lock, err error) {
 	for _, name := range op.names {
 		if c.ops[name] == op {
@@ -475,6 +465,10 @@ func (c *Client) finishLocked(op *acquireOp, ls []*Lock, err error) {
 		}
 	}
 	delete(c.opByID, op.reqID)
+	if op.cancelID != 0 {
+		delete(c.cancels, op.cancelID)
+		op.cancelID = 0
+	}
 	select {
 	case <-op.done:
 		return
@@ -487,6 +481,7 @@ func (c *Client) finishLocked(op *acquireOp, ls []*Lock, err error) {
 			c.releaseLaterLocked(l)
 		}
 	}
+	c.pumpLocked(op.names...)
 }
 
 // grants are the grants a granted frame carries: a multi-acquire's, or
@@ -504,8 +499,8 @@ func grants(m *api.WSMessage) []api.Grant {
 // one with expires_at has the TTL the server holds, which the client knows
 // only when the grant answers the one request this wait ever sent, with a
 // TTL (the server counts that TTL from the commit, after the send). In
-// every other case — a wait re-sent after a reconnect or adopted by a later
-// Acquire (a resend without ttl_ms keeps the queued TTL), a grant pushed
+// every other case — a wait re-sent after a reconnect (a resend without
+// ttl_ms keeps the queued TTL), a grant pushed
 // under a later request than the one it answers, a late grant whose lease
 // is mostly spent — a renew with an explicit TTL confirms the lease before
 // the lock is handed out (see confirmLease). A multi-acquire's grants are
@@ -613,8 +608,9 @@ func (c *Client) onGrantedLocked(cs *wsConn, m *api.WSMessage) []func() {
 // lock of a multi-acquire cannot be confirmed, the others are released.
 func (c *Client) confirmLease(op *acquireOp, ls []*Lock, ttl time.Duration) {
 	type confirmed struct {
-		sent time.Time
-		exp  time.Time
+		sent  time.Time
+		exp   time.Time
+		proof string // signed for the renewed expiry
 	}
 	got := make([]confirmed, len(ls))
 	var err error
@@ -624,7 +620,7 @@ func (c *Client) confirmLease(op *acquireOp, ls []*Lock, ttl time.Duration) {
 		case rerr != nil:
 			err = rerr
 		case m.Type == api.TypeOK:
-			got[i].sent = sent
+			got[i].sent, got[i].proof = sent, m.FencingProof
 			if exp, perr := api.ParseTime(m.ExpiresAt); perr == nil && !exp.IsZero() {
 				got[i].exp = exp
 			}
@@ -658,6 +654,9 @@ func (c *Client) confirmLease(op *acquireOp, ls []*Lock, ttl time.Duration) {
 		if !got[i].exp.IsZero() {
 			l.expiresAt = got[i].exp
 		}
+		if got[i].proof != "" {
+			l.proof = got[i].proof
+		}
 	}
 	c.grantLocked(op, ls)
 }
@@ -688,6 +687,22 @@ func (c *Client) onAcquireErrorLocked(cs *wsConn, op *acquireOp, m *api.WSMessag
 	case api.CodeNotLeader, api.CodeNoLeader:
 		c.killLocked(cs, se.API.Code) // re-sent to the next leader
 		return nil
+	case api.CodeOverloaded:
+		if op.abandoned {
+			if op.sends == 1 && !op.resent {
+				c.finishLocked(op, nil, err) // refused before anything was queued
+			}
+			return nil // the wait's withdrawal settles it
+		}
+		// Nothing was proposed: send it again once the member says it
+		// takes work again, on whatever connection is live then.
+		op.retrying = true
+		if op.bo == nil {
+			op.bo = newBackoff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
+		}
+		d := max(op.bo.next(), retryAfter(m))
+		c.goLocked(func() { c.resendAfter(op, d) })
+		return nil
 	case api.CodeWaitTimeout:
 		if !op.abandoned && !op.waitSet && !op.try && op.ctx.Err() == nil {
 			if dl, ok := op.ctx.Deadline(); !ok || time.Until(dl) > 0 {
@@ -707,4 +722,23 @@ func (c *Client) onAcquireErrorLocked(cs *wsConn, op *acquireOp, m *api.WSMessag
 	}
 	c.finishLocked(op, nil, err)
 	return nil
+}
+
+// resendAfter sends op again after d, once an overloaded refusal's pause
+// is over.
+func (c *Client) resendAfter(op *acquireOp, d time.Duration) {
+	if !sleep(c.ctx, d) {
+		return
+	}
+	c.mu.Lock()
+	op.retrying = false
+	var cs *wsConn
+	var f []byte
+	if c.ops[op.names[0]] == op {
+		cs, f = c.cur, c.prepAcquireLocked(op, true)
+	}
+	c.mu.Unlock()
+	if f != nil {
+		_ = c.write(cs, f)
+	}
 }

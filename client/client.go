@@ -39,6 +39,10 @@ type Client struct {
 	locks   map[string]*Lock
 	ops     map[string]*acquireOp // pending acquires by lock name
 	opByID  map[uint64]*acquireOp // the same, by the id of their last request
+	cancels map[uint64]*acquireOp // withdrawn acquires, by the id of their cancel
+	// queues are the calls waiting for their turn per lock name, in the
+	// order they came (see queue.go).
+	queues map[string][]*ticket
 	// releasing counts the background releases under way per lock name
 	// (see releaseLaterLocked); relCh is closed (and replaced) when one
 	// ends.
@@ -67,8 +71,12 @@ type session struct {
 // endpoint and says hello. It blocks until the session is established, ctx
 // is done, or Config.DialTimeout (default 10s) has passed; then the error
 // matches ErrNoLeader, the context error and the last attempt's error (so a
-// dead endpoint gives up after DialTimeout even with
-// context.Background()). A token the cluster refuses fails it at once with
+// member that never answers gives up after DialTimeout even with
+// context.Background()). When every endpoint fails in a way waiting cannot
+// fix — the connection refused, or the TLS handshake failed for a reason
+// of the configuration (see ErrUnreachable) — it returns at once, as soon
+// as each endpoint failed so once, with an error matching ErrUnreachable
+// and ErrNoLeader. A token the cluster refuses fails it at once with
 // an error matching ErrUnauthenticated or ErrPermissionDenied (a token
 // without access to any lock), and an http:// endpoint of a member
 // that serves HTTPS with one matching ErrHTTPSRequired. ctx and DialTimeout
@@ -99,16 +107,18 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{
-		cfg:    cfg,
-		api:    a,
-		dialHC: noRedirect(hc),
-		ownHC:  own,
-		log:    cfg.Logger,
-		kick:   make(chan struct{}, 1),
-		connCh: make(chan struct{}),
-		locks:  make(map[string]*Lock),
-		ops:    make(map[string]*acquireOp),
-		opByID: make(map[uint64]*acquireOp),
+		cfg:     cfg,
+		api:     a,
+		dialHC:  noRedirect(hc),
+		ownHC:   own,
+		log:     cfg.Logger,
+		kick:    make(chan struct{}, 1),
+		connCh:  make(chan struct{}),
+		locks:   make(map[string]*Lock),
+		ops:     make(map[string]*acquireOp),
+		opByID:  make(map[uint64]*acquireOp),
+		cancels: make(map[uint64]*acquireOp),
+		queues:  make(map[string][]*ticket),
 
 		releasing: make(map[string]int),
 		relCh:     make(chan struct{}),
@@ -217,6 +227,14 @@ func (c *Client) Close() error {
 	}
 	for _, op := range c.ops {
 		c.finishLocked(op, nil, ErrClosed)
+	}
+	for _, q := range c.queues {
+		for _, t := range q {
+			if !t.signalled {
+				t.signalled = true
+				close(t.ready)
+			}
+		}
 	}
 	ids := c.orphans
 	c.orphans = nil

@@ -454,29 +454,6 @@ func TestCloseEndsSession(t *testing.T) {
 	}
 }
 
-// A wait given up by its caller is released when the grant still comes.
-func TestAbandonedWaitIsReleased(t *testing.T) {
-	f := newFake(t, lockdtest.Options{})
-	a := newClient(t, f, client.Config{ClientID: "a"})
-	b := newClient(t, f, client.Config{ClientID: "b"})
-	la, err := a.Acquire(t.Context(), "ab")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-	defer cancel()
-	if _, err := b.Acquire(ctx, "ab", client.WithWaitTimeout(time.Minute)); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Acquire = %v", err)
-	}
-	if w := f.Waiters("ab"); !equal(w, []string{"b"}) {
-		t.Fatalf("waiters %v", w)
-	}
-	if err := la.Release(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitFor(t, 2*time.Second, "the unwanted grant released", func() bool { _, _, held := f.Holder("ab"); return !held })
-}
-
 // Goroutines of one client acquiring one lock take turns.
 func TestSameClientTakesTurns(t *testing.T) {
 	f := newFake(t, lockdtest.Options{})

@@ -74,6 +74,11 @@ type Config struct {
 	// CloseTimeout bounds the clean-up Close does on the server (deleting
 	// the session). Default 5s.
 	CloseTimeout time.Duration
+	// OnRetry, if set, is called before each pause between rounds of New's
+	// connect attempts (not of later reconnects), with the last attempt's
+	// error: for telling a person what New waits for. It runs on New's
+	// goroutine; keep it short.
+	OnRetry func(err error)
 	// LeaseMargin is how much earlier than "send time + TTL" the client
 	// counts a lease (of the session, or of a lock's TTL) as run out, to
 	// absorb timer lateness and the drift of the client's clock rate against

@@ -35,6 +35,12 @@ type wsConn struct {
 	once      sync.Once
 }
 
+// retryAfter is an error frame's retry hint (retry_after_ms of an
+// overloaded refusal), 0 for none.
+func retryAfter(m *api.WSMessage) time.Duration {
+	return time.Duration(max(m.RetryAfterMs, 0)) * time.Millisecond
+}
+
 // errConnLost: the connection went away before the reply came; the caller
 // may retry on the next one.
 var errConnLost = errors.New("lockd: connection lost")
@@ -51,12 +57,17 @@ const maxLeaderHops = 3
 func (c *Client) connect(ctx context.Context, first bool) (*wsConn, error) {
 	bo := newBackoff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
 	for {
-		cs, err := c.connectRound(ctx)
+		cs, round, err := c.connectRound(ctx)
 		if cs != nil {
 			return cs, nil
 		}
 		if errors.Is(err, ErrClosed) || (first && (isAuthError(err) || isFatalHop(err) || errors.Is(err, ErrHTTPSRequired))) {
 			return nil, err
+		}
+		if u := round.unreachable(); first && u != nil && ctx.Err() == nil {
+			// Every endpoint refused the connection or the TLS handshake
+			// for a reason that waiting does not change.
+			return nil, u
 		}
 		wait := bo.next()
 		if isAuthError(err) {
@@ -65,6 +76,9 @@ func (c *Client) connect(ctx context.Context, first bool) (*wsConn, error) {
 			c.log.Warn("lockd: a member redirects outside the cluster, retrying", "err", err, "wait", wait)
 		} else {
 			c.log.Info("lockd: no leader reachable, retrying", "err", err, "wait", wait)
+		}
+		if ctx.Err() == nil && first && c.cfg.OnRetry != nil {
+			c.cfg.OnRetry(err)
 		}
 		if ctx.Err() != nil || !sleep(ctx, wait) {
 			return nil, &gaveUpError{ctx: ctx.Err(), last: err}
@@ -105,18 +119,24 @@ func (e *gaveUpError) Unwrap() []error {
 }
 
 // connectRound tries every endpoint once, the last known leader first.
-func (c *Client) connectRound(ctx context.Context) (*wsConn, error) {
+func (c *Client) connectRound(ctx context.Context) (*wsConn, *roundErrors, error) {
 	var lastErr error
+	round := &roundErrors{}
 	for _, base := range c.api.candidates() {
 		for hop := 0; hop <= maxLeaderHops && base != "" && ctx.Err() == nil; hop++ {
 			cs, next, err := c.tryMember(ctx, base)
 			if cs != nil {
-				return cs, nil
+				return cs, round, nil
 			}
 			if errors.Is(err, ErrClosed) || isAuthError(err) || isFatalHop(err) {
-				return nil, err
+				return nil, round, err
 			}
 			lastErr = err
+			if next == "" {
+				round.add(err)
+			} else {
+				round.transient = true // a member answered
+			}
 			c.log.Debug("lockd: connect attempt failed", "endpoint", base, "next", next, "err", err)
 			if next != "" {
 				c.api.setLeader(next)
@@ -126,8 +146,9 @@ func (c *Client) connectRound(ctx context.Context) (*wsConn, error) {
 	}
 	if lastErr == nil {
 		lastErr = ctx.Err()
+		round.transient = true
 	}
-	return nil, lastErr
+	return nil, round, lastErr
 }
 
 func wsURL(base string) string { return base + "/api/v1/ws" }
@@ -342,9 +363,13 @@ func (c *Client) install(cs *wsConn) {
 		c.goLocked(func() { c.recheck(cs) })
 	}
 	var frames [][]byte
+	seen := make(map[*acquireOp]bool, len(c.ops))
 	for _, op := range c.ops {
-		if f := c.prepAcquireLocked(op, false); f != nil {
-			frames = append(frames, f)
+		if !seen[op] {
+			seen[op] = true
+			if f := c.pendingFrameLocked(op); f != nil {
+				frames = append(frames, f)
+			}
 		}
 	}
 	for w := range c.watches {
@@ -358,6 +383,17 @@ func (c *Client) install(cs *wsConn) {
 			return // the reader sees the connection fail; the next one re-sends
 		}
 	}
+}
+
+// pendingFrameLocked is what op needs sent on the live connection, if it
+// was not sent there yet: its acquire again (it keeps its place), or, for
+// an op whose caller gave up, the cancel of its wait.
+func (c *Client) pendingFrameLocked(op *acquireOp) []byte {
+	if op.abandoned {
+		_, f := c.cancelFrameLocked(op)
+		return f
+	}
+	return c.prepAcquireLocked(op, false)
 }
 
 // run owns the connection: it serves cs, then reconnects, until Close.
@@ -401,7 +437,7 @@ func (c *Client) serve(cs *wsConn) {
 	if !closed {
 		c.log.Info("lockd: connection lost", "leader", cs.base, "err", err)
 	}
-	c.teardown(cs)
+	c.teardown(cs, err)
 	kwg.Wait()
 }
 
@@ -428,10 +464,18 @@ func (c *Client) readLoop(cs *wsConn) error {
 	}
 }
 
-// teardown forgets cs and fails the calls waiting on it.
-func (c *Client) teardown(cs *wsConn) {
+// teardown forgets cs and fails the calls waiting on it; the watches that
+// lived on it are told (see WithConnEvents).
+func (c *Client) teardown(cs *wsConn, err error) {
 	c.mu.Lock()
 	c.killLocked(cs, "")
+	if !c.closed {
+		for w := range c.watches {
+			if w.conn == cs {
+				c.connLostLocked(w, fmt.Errorf("connection to %s lost: %w", cs.base, err))
+			}
+		}
+	}
 	c.mu.Unlock()
 	cs.once.Do(func() { close(cs.done) })
 	cs.ws.CloseNow()
@@ -533,6 +577,7 @@ func (c *Client) waitConn(ctx context.Context, s *session) (*wsConn, error) {
 // send (zero if nothing was sent): the server may have applied it.
 func (c *Client) roundTrip(ctx context.Context, s *session, req *api.WSRequest) (m *api.WSMessage, sent time.Time, err error) {
 	var first time.Time
+	var bo *backoff
 	for {
 		cs, err := c.waitConn(ctx, s)
 		if err != nil {
@@ -555,6 +600,16 @@ func (c *Client) roundTrip(ctx context.Context, s *session, req *api.WSRequest) 
 				c.mu.Lock()
 				c.killLocked(cs, "leadership lost")
 				c.mu.Unlock()
+				continue
+			case api.CodeOverloaded:
+				// Nothing was proposed: ask again after the pause the
+				// member asks for (or a backoff), until ctx ends.
+				if bo == nil {
+					bo = newBackoff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
+				}
+				if !sleep(ctx, max(bo.next(), retryAfter(m))) {
+					return nil, first, fmt.Errorf("%w: %w", serverError(m.Error, 0), ctx.Err())
+				}
 				continue
 			case api.CodeSessionExpired:
 				c.mu.Lock()
@@ -606,6 +661,10 @@ func (c *Client) keepalive(cs *wsConn) {
 		switch {
 		case m.Type == api.TypeOK:
 			c.confirmSession(s, sent, m.SessionTTLms)
+		case m.Type == api.TypeError && m.Error != nil && m.Error.Code == api.CodeOverloaded:
+			// Not refused for good: ask again soon (well within the TTL).
+			t.Reset(max(min(iv/4, retryAfter(m)), c.cfg.MinBackoff))
+			continue
 		case m.Type == api.TypeError && m.Error != nil:
 			c.mu.Lock()
 			switch m.Error.Code {
@@ -630,6 +689,10 @@ func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
 			delete(cs.calls, m.ID)
 			ch <- m
 			return nil
+		}
+		if op := c.cancels[m.ID]; op != nil {
+			delete(c.cancels, m.ID)
+			return c.onCancelReplyLocked(cs, op, m)
 		}
 		if w := cs.watchReqs[m.ID]; w != nil {
 			delete(cs.watchReqs, m.ID)
@@ -682,8 +745,9 @@ func (c *Client) dispatchLocked(cs *wsConn, m *api.WSMessage) []func() {
 		switch code {
 		case api.CodeWaitTimeout, api.CodeCancelled:
 			// The end of a wait answers every request that joined it: this
-			// is one the client re-sent under a newer id (an adopted wait),
-			// whose own answer comes with that id.
+			// is one the client re-sent under a newer id, whose own answer
+			// comes with that id; or the answer of an acquire whose
+			// withdrawal settled it already.
 			c.log.Debug("lockd: the end of a wait answered an earlier request of it", "code", code, "id", m.ID)
 		case api.CodeSessionExpired:
 			c.sessionLostLocked(c.sess, fmt.Errorf("%w: the server ended the session", ErrSessionExpired), false)

@@ -5,7 +5,13 @@
 // leader (found from any member). It sends keepalives at about a third of
 // the session TTL, and after a connection loss or a leader change it
 // reconnects with backoff and jitter, resumes the session and re-sends the
-// acquires still waiting, which keep their place in the lock's queue.
+// acquires still waiting, which keep their place in the lock's queue. An
+// acquire whose caller gives up (its ctx ends) is withdrawn from the queue
+// (a cancel; a grant that raced it is released), so no lock is granted to
+// a waiter nobody listens for. Goroutines of one Client that want the same
+// lock are served in the order they asked, and a release hands the lock to
+// the next of them in one committed step. An overloaded cluster's refusals
+// are waited out and retried, as a leader election is.
 //
 //	c, err := client.New(ctx, client.Config{Endpoints: []string{"http://127.0.0.1:7070"}})
 //	...
@@ -18,8 +24,10 @@
 //
 // New looks for a leader until ctx ends or Config.DialTimeout (10s by
 // default) has passed, then fails with an error matching ErrNoLeader that
-// wraps the last attempt's error; once open, the Client reconnects by
-// itself until Close.
+// wraps the last attempt's error — at once, matching ErrUnreachable too,
+// when every endpoint refused the connection or the TLS handshake for a
+// reason waiting cannot fix. Once open, the Client reconnects by itself
+// until Close.
 //
 // # The conservative local lease
 //
@@ -36,9 +44,9 @@
 // The lease is always what the server granted, never what the caller asked
 // for: a grant without expires_at has no TTL of its own, one with expires_at
 // has the server's TTL. When the grant alone cannot tell which TTL the
-// server holds and from when (a wait re-sent after a reconnect, or adopted
-// by a later Acquire — a resend without ttl_ms keeps the TTL the wait was
-// queued with — or a late grant), the client confirms it with a renew
+// server holds and from when (a wait re-sent after a reconnect — a resend
+// without ttl_ms keeps the TTL the wait was queued with — or a late
+// grant), the client confirms it with a renew
 // carrying an explicit TTL before Acquire returns. A renew without an answer
 // may have been applied: the lease then ends no later than its send time
 // plus its TTL. A Release without an answer may have been applied too: the
@@ -68,7 +76,9 @@
 // order. They ride the session's WebSocket and survive reconnects: the
 // client watches again and delivers a lock's status only when its index
 // moved on, so nothing comes twice or out of order and the latest state
-// always comes. API.WaitStatus is the HTTP blocking query.
+// always comes. WithConnEvents adds the watch's connection state to its
+// events (lost, and established again with how many locks it caught up
+// on). API.WaitStatus is the HTTP blocking query.
 //
 // Election is a leader election on a lock with values (Campaign, Proclaim,
 // Resign, Leader, Observe, Done), in the shape of etcd's
@@ -78,7 +88,8 @@
 //
 // Errors match the package's sentinels with errors.Is (ErrLockHeld,
 // ErrWaitTimeout, ErrNotHolder, ErrSessionExpired, ErrNoLeader,
-// ErrLimitMismatch, ErrResourceExhausted, ...); an
+// ErrUnreachable, ErrOverloaded, ErrCancelled, ErrLimitMismatch,
+// ErrResourceExhausted, ...); an
 // error reply of the server is a *ServerError that also unwraps to the wire
 // *api.Error.
 //

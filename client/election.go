@@ -73,10 +73,12 @@ func (e *Election) Name() string { return e.name }
 // instead. A lock of that name used as a semaphore (WithLimit above 1)
 // gives ErrLimitMismatch: an election has one leader.
 //
-// A Campaign whose ctx ends leaves its place in the queue to the server
-// until the wait runs out (no request withdraws a wait); should it be
-// elected meanwhile, the client resigns at once, so observers may see it
-// lead for a moment. Closing the Client withdraws it for good.
+// A Campaign whose ctx ends withdraws its candidacy (a cancel of its
+// wait, SPEC 18): the next candidate is elected when the leader resigns,
+// never the one that gave up. Only when the election came first — it was
+// granted as the ctx ended, or while the client was disconnected and the
+// cancel went out on the next connection — does the client resign it at
+// once (Campaign still returns ctx's error).
 func (e *Election) Campaign(ctx context.Context, value string) error {
 	if err := checkValue(value); err != nil {
 		return err

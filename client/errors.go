@@ -92,6 +92,19 @@ var (
 	// unlike TryAcquire, waits for that).
 	ErrHeldByThisClient = errors.New("lockd: the lock is already held or being acquired by this client")
 
+	// ErrCancelled: the wait was withdrawn by a cancel (HTTP 409
+	// cancelled): this client's own, when its context ended (see
+	// Client.Acquire), or another user of the same client ID's (POST
+	// /api/v1/locks/{name}/cancel, lockctl giving up). The lock was not
+	// granted to this wait.
+	ErrCancelled = errors.New("lockd: the wait was withdrawn (cancelled)")
+	// ErrOverloaded: the member refused new work it cannot commit soon
+	// (HTTP 503 overloaded, with Retry-After); nothing was proposed. The
+	// client backs off and retries it as it does no_leader, so a call
+	// returns it only when its ctx ended while the cluster was still
+	// refusing.
+	ErrOverloaded = errors.New("lockd: the cluster is overloaded")
+
 	// ErrUntrustedRedirect: a member sent the client (a 307, or a
 	// WebSocket not_leader reply) where it does not send its token: to a
 	// host that is neither a configured endpoint nor a leader one of them
@@ -169,6 +182,10 @@ func sentinel(code string) error {
 		return ErrLimitMismatch
 	case api.CodeResourceExhausted:
 		return ErrResourceExhausted
+	case api.CodeCancelled:
+		return ErrCancelled
+	case api.CodeOverloaded:
+		return ErrOverloaded
 	}
 	return nil
 }

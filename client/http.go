@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/lockd/lockd/api"
@@ -37,8 +39,15 @@ type APIConfig struct {
 	// Logger receives retry events. Default: discard.
 	Logger *slog.Logger
 	// MinBackoff and MaxBackoff bound the wait between retries of a
-	// no_leader reply or an unreachable cluster. Defaults 50ms and 2s.
+	// no_leader reply or an unreachable cluster. Defaults 50ms and 2s. An
+	// overloaded reply's Retry-After is waited in full.
 	MinBackoff, MaxBackoff time.Duration
+	// OnRetry, if set, is called before each pause between retries of a
+	// call that found no leader (no member answered, no_leader,
+	// overloaded, a dropped connection of an acquire), with the error that
+	// made it retry: for telling a person what the call waits for. It runs
+	// on the calling goroutine; keep it short.
+	OnRetry func(err error)
 }
 
 // API is a thin client of lockd's plain HTTP API: locks without a session
@@ -61,6 +70,11 @@ type API struct {
 	// configured endpoint named), the members redirects may lead to. See
 	// leaderHop.
 	configured map[string]bool
+	onRetry    func(error)
+	// reached is set once any member answered (any HTTP status): from then
+	// on a round in which every endpoint fails is a cluster restarting or
+	// failing over, retried until ctx ends, never "unreachable".
+	reached atomic.Bool
 
 	mu     sync.Mutex
 	leader string          // last known leader base URL, tried first
@@ -88,7 +102,7 @@ func NewAPI(cfg APIConfig) (*API, error) {
 		cfg.MaxBackoff = max(2*time.Second, cfg.MinBackoff)
 	}
 	a := &API{hc: noRedirect(cfg.HTTPClient), token: cfg.Token, log: cfg.Logger, min: cfg.MinBackoff, max: cfg.MaxBackoff,
-		configured: make(map[string]bool), named: make(map[string]bool)}
+		configured: make(map[string]bool), named: make(map[string]bool), onRetry: cfg.OnRetry}
 	for _, e := range cfg.Endpoints {
 		a.endpoints = append(a.endpoints, normalizeEndpoint(e))
 		a.configured[origin(e)] = true
@@ -177,6 +191,10 @@ type request struct {
 	// servedBy, when set, receives the base URL of the member that gave
 	// the 2xx reply.
 	servedBy *string
+	// idempotent: sending the request again has the effect of sending it
+	// once (an acquire by client ID), so it is retried after a dropped
+	// connection too, not only after one that never reached the member.
+	idempotent bool
 }
 
 // do sends one request (JSON body in, JSON body out) to the leader. See API.
@@ -199,6 +217,7 @@ func (a *API) call(ctx context.Context, r *request) error {
 	var lastErr error // of the last attempt that may be retried, over every round
 	for {
 		var retryAfter time.Duration
+		var round roundErrors
 		for _, base := range a.candidates() {
 			err, retry := a.try(ctx, r, base+r.path)
 			if !retry {
@@ -212,19 +231,34 @@ func (a *API) call(ctx context.Context, r *request) error {
 				return err
 			}
 			lastErr = err
+			round.add(err)
 			var se *ServerError
 			if errors.As(err, &se) && se.Status == http.StatusServiceUnavailable {
-				retryAfter = max(retryAfter, se.retryAfter())
+				ra := se.retryAfter()
+				if se.API.Code != api.CodeOverloaded {
+					ra = min(ra, a.max) // a hint to look again soon, not a budget
+				}
+				retryAfter = max(retryAfter, ra)
 			}
 			if ctx.Err() != nil {
 				break
 			}
 		}
+		if err := round.unreachable(); err != nil && !a.reached.Load() && ctx.Err() == nil {
+			// Every endpoint refused the connection or the TLS handshake,
+			// and none ever answered: nothing will change by waiting.
+			return err
+		}
 		wait := bo.next()
 		if retryAfter > wait {
-			wait = min(retryAfter, a.max)
+			// The member's own hint, with a little jitter so that the
+			// clients it refused do not all come back at once.
+			wait = retryAfter + rand.N(retryAfter/5+1)
 		}
 		a.log.Debug("lockd: retrying", "method", r.method, "path", r.path, "err", lastErr, "wait", wait)
+		if ctx.Err() == nil && a.onRetry != nil {
+			a.onRetry(lastErr)
+		}
 		if ctx.Err() != nil || !sleep(ctx, wait) {
 			return noLeaderErr(ctx, lastErr)
 		}
@@ -232,10 +266,14 @@ func (a *API) call(ctx context.Context, r *request) error {
 }
 
 // noLeaderErr is the error of a call whose ctx ended while it was looking
-// for a leader: it matches ErrNoLeader and ctx's error.
+// for a leader: it matches ErrNoLeader (or ErrOverloaded, when the last
+// member refused the work) and ctx's error.
 func noLeaderErr(ctx context.Context, lastErr error) error {
 	if errors.Is(lastErr, ErrNoLeader) {
 		return lastErr
+	}
+	if errors.Is(lastErr, ErrOverloaded) {
+		return fmt.Errorf("%w: %w", lastErr, ctx.Err())
 	}
 	return fmt.Errorf("%w: %w (last error: %v)", ErrNoLeader, ctx.Err(), lastErr)
 }
@@ -297,14 +335,16 @@ func (a *API) try(ctx context.Context, r *request, u string) (err error, retry b
 				return err, false
 			}
 			// A dial error means the request never reached the member, so any
-			// request may go elsewhere; a read may be retried anyway.
+			// request may go elsewhere; a read, or an idempotent write, may
+			// be retried anyway.
 			var op *net.OpError
 			var ue *url.Error
 			if errors.As(err, &ue) {
 				err = ue.Err
 			}
-			return fmt.Errorf("%s %s: %w", method, u, err), (errors.As(err, &op) && op.Op == "dial") || method == http.MethodGet
+			return fmt.Errorf("%s %s: %w", method, u, err), (errors.As(err, &op) && op.Op == "dial") || method == http.MethodGet || r.idempotent || permanent(err)
 		}
+		a.reached.Store(true)
 		if resp.StatusCode >= 200 && resp.StatusCode < 300 && r.stream != nil {
 			a.setLeader(req.URL.Scheme + "://" + req.URL.Host)
 			err := r.stream(resp.Body)
@@ -317,7 +357,7 @@ func (a *API) try(ctx context.Context, r *request, u string) (err error, retry b
 		data, rerr := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
 		resp.Body.Close()
 		if rerr != nil {
-			return fmt.Errorf("%s %s: reading reply: %w", method, u, rerr), method == http.MethodGet
+			return fmt.Errorf("%s %s: reading reply: %w", method, u, rerr), method == http.MethodGet || r.idempotent
 		}
 		switch {
 		case resp.StatusCode == http.StatusTemporaryRedirect || resp.StatusCode == http.StatusPermanentRedirect:
@@ -358,7 +398,9 @@ func (a *API) try(ctx context.Context, r *request, u string) (err error, retry b
 			if r.out != nil && resp.StatusCode == http.StatusConflict {
 				_ = json.Unmarshal(data, r.out)
 			}
-			return se, se.API.Code == api.CodeNoLeader
+			// overloaded: the member proposed nothing, so any request may
+			// be sent again.
+			return se, se.API.Code == api.CodeNoLeader || se.API.Code == api.CodeOverloaded
 		}
 	}
 }
@@ -409,7 +451,8 @@ func ms(d time.Duration) *int64 {
 // Acquire tries to take a lock without a session (POST .../acquire). A zero
 // ttl and wait leave the server defaults (30s TTL, no wait). On 409 the
 // error matches ErrLockHeld or ErrWaitTimeout and, where the server names
-// one, ServerError.Holder is the holder. ctx must outlast wait.
+// one, ServerError.Holder is the holder. ctx must outlast wait. See
+// AcquireRequest for retries and for what happens when ctx ends first.
 func (a *API) Acquire(ctx context.Context, name, clientID string, ttl, wait time.Duration) (*api.AcquireReply, error) {
 	req := api.AcquireRequest{ClientID: clientID}
 	if ttl > 0 {
@@ -421,10 +464,32 @@ func (a *API) Acquire(ctx context.Context, name, clientID string, ttl, wait time
 	return a.AcquireRequest(ctx, name, req)
 }
 
+// WithdrawTimeout bounds the cancel an acquire sends when its ctx ends
+// while it waits (see AcquireRequest).
+const WithdrawTimeout = 2 * time.Second
+
 // AcquireRequest sends an acquire request as given.
+//
+// An acquire is idempotent per client ID (a retry keeps the wait's place in
+// the queue, or gets the grant back), so it rides through a failover: a
+// dropped connection, no_leader or overloaded is retried, on the member
+// that leads then, with what is left of the wait (req.WaitTimeoutMs counts
+// from the first send), until the server answers or ctx ends.
+//
+// When ctx ends while the acquire may be waiting in the queue, it sends a
+// cancel (POST .../cancel, bounded by WithdrawTimeout) so that the lock is
+// not granted later to nobody. The error then matches ctx's error, and
+// also ErrUnknownOutcome when the cancel found no wait to withdraw (the
+// lock may have been granted as the call gave up: release it if the lock's
+// status shows this client holding it) or could not be sent (the wait
+// stays queued until its wait timeout).
 func (a *API) AcquireRequest(ctx context.Context, name string, req api.AcquireRequest) (*api.AcquireReply, error) {
 	var rep api.AcquireReply
-	err := a.do(ctx, http.MethodPost, lockPath(name, "acquire"), req, &rep)
+	err := a.callAcquire(ctx, lockPath(name, "acquire"), req.WaitTimeoutMs, func(wait *int64) any {
+		r := req
+		r.WaitTimeoutMs = wait
+		return r
+	}, &rep)
 	var se *ServerError
 	if errors.As(err, &se) && se.Holder == "" {
 		se.Holder = rep.Holder
@@ -433,6 +498,11 @@ func (a *API) AcquireRequest(ctx context.Context, name string, req api.AcquireRe
 		se.Lock = rep.Lock
 	}
 	if err != nil {
+		if waiting(ctx, req.WaitTimeoutMs, err) {
+			return nil, a.withdraw(ctx, fmt.Sprintf("lock %q", name), err, func(wctx context.Context) (bool, error) {
+				return a.Cancel(wctx, name, req.ClientID)
+			})
+		}
 		return nil, err
 	}
 	return &rep, nil
@@ -443,10 +513,15 @@ func (a *API) AcquireRequest(ctx context.Context, name string, req api.AcquireRe
 // Grants are in name order. A refused try matches ErrLockHeld and its
 // *ServerError names the first blocking lock (Lock) and its holder
 // (Holder); a semaphore among the names gives ErrLimitMismatch. ctx must
-// outlast the wait.
+// outlast the wait. Retries and a ctx that ends first: as AcquireRequest
+// (the cancel is POST /api/v1/cancel).
 func (a *API) AcquireMany(ctx context.Context, req api.MultiAcquireRequest) (*api.AcquireReply, error) {
 	var rep api.AcquireReply
-	err := a.do(ctx, http.MethodPost, "/api/v1/acquire", req, &rep)
+	err := a.callAcquire(ctx, "/api/v1/acquire", req.WaitTimeoutMs, func(wait *int64) any {
+		r := req
+		r.WaitTimeoutMs = wait
+		return r
+	}, &rep)
 	var se *ServerError
 	if errors.As(err, &se) {
 		if se.Holder == "" {
@@ -457,9 +532,89 @@ func (a *API) AcquireMany(ctx context.Context, req api.MultiAcquireRequest) (*ap
 		}
 	}
 	if err != nil {
+		if waiting(ctx, req.WaitTimeoutMs, err) {
+			return nil, a.withdraw(ctx, describe(req.Locks), err, func(wctx context.Context) (bool, error) {
+				return a.CancelMany(wctx, req.ClientID, req.Locks)
+			})
+		}
 		return nil, err
 	}
 	return &rep, nil
+}
+
+// callAcquire sends an acquire built by body with what is left of wait at
+// each send (nil: no wait), retrying it as an idempotent request.
+func (a *API) callAcquire(ctx context.Context, path string, wait *int64, body func(wait *int64) any, out any) error {
+	var deadline time.Time
+	if wait != nil {
+		deadline = time.Now().Add(time.Duration(*wait) * time.Millisecond)
+	}
+	return a.call(ctx, &request{method: http.MethodPost, path: path, contentType: "application/json", idempotent: true, out: out,
+		body: func() (io.Reader, int64, error) {
+			w := wait
+			if wait != nil && *wait > 0 {
+				// What is left, in whole milliseconds rounded up: a wait
+				// that has not run out is never sent as a try.
+				left := int64(0)
+				if d := time.Until(deadline); d > 0 {
+					left = int64((d + time.Millisecond - 1) / time.Millisecond)
+				}
+				w = &left
+			}
+			payload, err := json.Marshal(body(w))
+			if err != nil {
+				return nil, 0, err
+			}
+			return bytes.NewReader(payload), int64(len(payload)), nil
+		}})
+}
+
+// waiting reports an acquire whose ctx ended while it may have been
+// queued: one with a wait that got no answer.
+func waiting(ctx context.Context, wait *int64, err error) bool {
+	if ctx.Err() == nil || wait == nil || *wait <= 0 || errors.Is(err, ErrUnreachable) {
+		return false
+	}
+	var se *ServerError
+	return !errors.As(err, &se) || se.Status == http.StatusServiceUnavailable
+}
+
+// withdraw cancels the wait of an acquire whose ctx ended (err), bounded
+// by WithdrawTimeout, and words what became of it.
+func (a *API) withdraw(ctx context.Context, what string, err error, cancel func(context.Context) (bool, error)) error {
+	wctx, stop := context.WithTimeout(context.WithoutCancel(ctx), WithdrawTimeout)
+	defer stop()
+	withdrawn, cerr := cancel(wctx)
+	switch {
+	case cerr != nil:
+		return fmt.Errorf("lockd: %s: gave up waiting, and withdrawing the wait failed (%v): it stays queued until its wait timeout: %w: %w", what, cerr, ErrUnknownOutcome, err)
+	case !withdrawn:
+		return fmt.Errorf("lockd: %s: gave up waiting; no wait was left to withdraw, so it may have been granted: %w: %w", what, ErrUnknownOutcome, err)
+	}
+	return fmt.Errorf("lockd: %s: gave up waiting; the wait was withdrawn: %w", what, err)
+}
+
+// Cancel withdraws clientID's queued wait on lock name (POST
+// /api/v1/locks/{name}/cancel): the waiting acquire is answered
+// ErrCancelled. It reports whether a wait was withdrawn; false when none
+// was queued — a grant that already happened is not undone (release it).
+// A multi-acquire's wait is withdrawn with CancelMany.
+func (a *API) Cancel(ctx context.Context, name, clientID string) (bool, error) {
+	var rep api.CancelReply
+	if err := a.do(ctx, http.MethodPost, lockPath(name, "cancel"), api.CancelRequest{ClientID: clientID}, &rep); err != nil {
+		return false, err
+	}
+	return rep.Cancelled, nil
+}
+
+// CancelMany withdraws clientID's queued multi-acquire of exactly names
+// (POST /api/v1/cancel, in any order), as Cancel does a single wait.
+func (a *API) CancelMany(ctx context.Context, clientID string, names []string) (bool, error) {
+	var rep api.CancelReply
+	if err := a.do(ctx, http.MethodPost, "/api/v1/cancel", api.CancelManyRequest{ClientID: clientID, Locks: names}, &rep); err != nil {
+		return false, err
+	}
+	return rep.Cancelled, nil
 }
 
 // Revoke ends the grants of lock name (DELETE /api/v1/locks/{name}; admin

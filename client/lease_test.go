@@ -13,62 +13,6 @@ import (
 	"github.com/lockd/lockd/internal/testutil"
 )
 
-// An Acquire that adopts an abandoned wait of the same lock gets the TTL the
-// server kept for that wait (a resend without ttl_ms keeps the queued one),
-// and the client's lease follows it: cut off, Lost closes before the server
-// could give the lock away, whatever the new Acquire asked for.
-func TestAdoptedWaitTakesTheServersTTL(t *testing.T) {
-	f := newFake(t, lockdtest.Options{})
-	a := newClient(t, f, client.Config{ClientID: "a"})
-	b := newClient(t, f, client.Config{ClientID: "b", SessionTTL: 20 * time.Second})
-	la, err := a.Acquire(t.Context(), "w")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-	_, err = b.Acquire(ctx, "w", client.WithTTL(time.Second), client.WithWaitTimeout(time.Minute))
-	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("first Acquire = %v, want the ctx's deadline", err)
-	}
-	sent := f.Requests(api.OpAcquire)
-	gb := acquireAsync(t, b, "w") // no TTL of its own: adopts the queued wait
-	testutil.WaitFor(t, 2*time.Second, "the adopted wait re-sent", func() bool { return f.Requests(api.OpAcquire) > sent })
-	if err := la.Release(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	lb := waitAcquired(t, gb, 3*time.Second)
-	serverExpiry := f.LockExpires("w")
-	if serverExpiry.IsZero() {
-		t.Fatal("the fake granted no TTL: the test proves nothing")
-	}
-	if lb.ExpiresAt().IsZero() {
-		t.Fatal("Lock.ExpiresAt is zero for a lock the server gave a TTL")
-	}
-	if d := lb.Deadline(); !d.Before(serverExpiry) {
-		t.Fatalf("local lease ends %v after the server's expiry", d.Sub(serverExpiry))
-	}
-	// The caller asked for a lock bound to its session: the client renews
-	// the TTL the server imposed while it is connected.
-	testutil.WaitFor(t, 4*time.Second, "renewed past the server's first expiry", func() bool {
-		return f.LockExpires("w").After(serverExpiry.Add(500 * time.Millisecond))
-	})
-	if isClosed(lb.Lost()) {
-		t.Fatalf("lost while connected: %v", lb.Err())
-	}
-
-	f.Partition(true)
-	serverExpiry = f.LockExpires("w")
-	waitClosed(t, lb.Lost(), 3*time.Second, "Lost while cut off")
-	if lostAt := time.Now(); !lostAt.Before(serverExpiry) {
-		t.Fatalf("Lost closed %v after the server's expiry", lostAt.Sub(serverExpiry))
-	}
-	if !errors.Is(lb.Err(), client.ErrLeaseExpired) {
-		t.Fatalf("Err = %v, want ErrLeaseExpired", lb.Err())
-	}
-	f.Partition(false)
-}
-
 // A Release whose answer never comes may have released the lock: Lost
 // closes (Err says the outcome is unknown), and a later Acquire of the
 // same name does not wait for a lock the client no longer tracks.
@@ -324,74 +268,6 @@ func TestDefaultClientIDsAreUnique(t *testing.T) {
 	}
 	if err := la.Release(t.Context()); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// The adopted wait against lockd itself: the resend without ttl_ms keeps
-// the TTL the wait was queued with, and the lock the client hands out has
-// a local lease inside the server's expiry; cut off, Lost closes first.
-func TestAdoptedWaitOnARealCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a cluster")
-	}
-	cl := testutil.NewCluster(t, 1, testutil.Options{})
-	url := cl.WaitLeader(10 * time.Second).URL()
-	p, err := testutil.NewProxy("127.0.0.1:0", strings.TrimPrefix(url, "http://"), 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	a := newClient(t, nil, client.Config{Endpoints: []string{url}, ClientID: "a"})
-	b := newClient(t, nil, client.Config{Endpoints: []string{"http://" + p.Addr()}, ClientID: "b", SessionTTL: 20 * time.Second})
-	ctx := t.Context()
-	la, err := a.Acquire(ctx, "w")
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = b.Acquire(actx, "w", client.WithTTL(time.Second), client.WithWaitTimeout(time.Minute))
-	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("first Acquire = %v, want the ctx's deadline", err)
-	}
-	status := func() *api.LockStatus {
-		t.Helper()
-		st, err := a.API().Status(ctx, "w", false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
-	if st := status(); st.Waiters != 1 {
-		t.Fatalf("status %+v: want b queued", st)
-	}
-	sent := p.Stats().Forwarded
-	gb := acquireAsync(t, b, "w") // no TTL of its own: adopts the queued wait
-	testutil.WaitFor(t, 2*time.Second, "the adopted wait re-sent", func() bool { return p.Stats().Forwarded > sent })
-	if err := la.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	lb := waitAcquired(t, gb, 5*time.Second)
-	st := status()
-	serverExpiry, _ := api.ParseTime(st.ExpiresAt)
-	if st.ClientID != "b" || st.FencingToken != lb.Token() || serverExpiry.IsZero() {
-		t.Fatalf("status %+v: want b's grant with the queued TTL", st)
-	}
-	if lb.ExpiresAt().IsZero() {
-		t.Fatal("Lock.ExpiresAt is zero for a lock the server gave a TTL")
-	}
-	if d := lb.Deadline(); !d.Before(serverExpiry) {
-		t.Fatalf("local lease ends %v after the server's expiry", d.Sub(serverExpiry))
-	}
-
-	p.Cut()
-	serverExpiry, _ = api.ParseTime(status().ExpiresAt)
-	waitClosed(t, lb.Lost(), 5*time.Second, "Lost while cut off")
-	if lostAt := time.Now(); !serverExpiry.IsZero() && !lostAt.Before(serverExpiry) {
-		t.Fatalf("Lost closed %v after the server's expiry", lostAt.Sub(serverExpiry))
-	}
-	if !errors.Is(lb.Err(), client.ErrLeaseExpired) {
-		t.Fatalf("Err = %v, want ErrLeaseExpired", lb.Err())
 	}
 }
 

@@ -24,7 +24,6 @@ type Lock struct {
 	c     *Client
 	name  string
 	token uint64
-	proof string
 	mode  string
 	sess  *session
 	lost  chan struct{}
@@ -37,6 +36,7 @@ type Lock struct {
 	renewMu sync.Mutex
 
 	// Guarded by c.mu.
+	proof     string        // the grant's proof, as last signed (grant or renew)
 	ttl       time.Duration // 0: bound to the session only
 	expiresAt time.Time
 	deadline  time.Time // local lease of the TTL; see Client.expireLocked
@@ -71,8 +71,14 @@ func (l *Lock) Value() string {
 }
 
 // Proof returns the fencing proof the server signed for this grant, or ""
-// when it sends none.
-func (l *Lock) Proof() string { return l.proof }
+// when it sends none. A proof expires with the grant's expiry it was signed
+// for; every renew (Renew, WithAutoRenew) brings one signed for the new
+// expiry, which Proof and Fence return from then on.
+func (l *Lock) Proof() string {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	return l.proof
+}
 
 // ExpiresAt returns the expiry the server reported for the lock's TTL (zero
 // for a lock bound only to its session): in the grant, the last renew's
@@ -118,12 +124,12 @@ func (l *Lock) Err() error {
 }
 
 // Fence sets the fencing headers on req: Fencing-Token, Fencing-Lock and,
-// when the server sent one, Fencing-Proof.
+// when the server sent one, Fencing-Proof (the latest: see Proof).
 func (l *Lock) Fence(req *http.Request) {
 	req.Header.Set(HeaderFencingToken, strconv.FormatUint(l.token, 10))
 	req.Header.Set(HeaderFencingLock, l.name)
-	if l.proof != "" {
-		req.Header.Set(HeaderFencingProof, l.proof)
+	if p := l.Proof(); p != "" {
+		req.Header.Set(HeaderFencingProof, p)
 	}
 }
 
@@ -156,6 +162,7 @@ func (l *Lock) markLostLocked(cause error) bool {
 	close(l.lost)
 	if l.c.locks[l.name] == l {
 		delete(l.c.locks, l.name)
+		l.c.pumpLocked(l.name) // the next caller of this Client may go
 	}
 	return true
 }
@@ -207,6 +214,11 @@ func (l *Lock) SetValue(ctx context.Context, v string) error {
 // cause of the loss; when the server says the lock is not held any more,
 // an error matching ErrNotHolder.
 //
+// When another Acquire of this Client waits for the same lock (the next in
+// the Client's queue for it), the release hands the lock on to it in the
+// same committed step: that Acquire joins the server's queue at once, and
+// is granted in that step when no other client waits (see Acquire).
+//
 // When no answer comes (ctx ends, the connection breaks) the server may
 // have released the lock already: the error matches ErrUnknownOutcome (and
 // ctx's error), the lock counts as gone (Lost closes, Err matches
@@ -217,35 +229,121 @@ func (l *Lock) Release(ctx context.Context) error {
 	c := l.c
 	c.mu.Lock()
 	err := l.err
-	c.mu.Unlock()
 	if errors.Is(err, ErrReleased) {
+		c.mu.Unlock()
 		return nil
 	}
 	if err != nil && !errors.Is(err, ErrUnknownOutcome) {
+		c.mu.Unlock()
 		return err
 	}
+	var hand *api.WSRequest
+	var next *acquireOp
+	cs := c.cur
+	if err == nil {
+		if hand, next = c.handOffLocked(l, cs); hand != nil {
+			// Until this release is settled, the acquire it carries is
+			// not sent again on its own (see acquireRequestLocked).
+			c.releasing[l.name]++
+		}
+	}
+	c.mu.Unlock()
+	if hand != nil {
+		defer c.releaseSettled(l.name)
+		m, _, err := c.exchange(ctx, cs, hand)
+		if done, rerr := l.releaseAnswered(m, err, true); done {
+			return rerr
+		}
+		// Nothing was applied, or the connection broke before the
+		// answer: release on its own; the acquire is sent again, on its
+		// own too, once that is settled.
+		c.mu.Lock()
+		next.heldBack = true
+		c.mu.Unlock()
+	}
 	m, _, err := c.roundTrip(ctx, l.sess, &api.WSRequest{Op: api.OpRelease, Lock: l.name, FencingToken: l.token})
+	_, rerr := l.releaseAnswered(m, err, false)
+	return rerr
+}
+
+// releaseAnswered takes the answer (or the failure) of a release of l.
+// With handOff, done is false when the release should be sent again on
+// its own: the member applied nothing, or the connection broke first.
+func (l *Lock) releaseAnswered(m *api.WSMessage, err error, handOff bool) (done bool, _ error) {
+	c := l.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if handOff {
+		if errors.Is(err, errConnLost) {
+			return false, nil
+		}
+		if err == nil && m.Type == api.TypeError && m.Error != nil {
+			switch m.Error.Code {
+			case api.CodeNotLeader, api.CodeNoLeader, api.CodeOverloaded, api.CodeInvalidArgument:
+				// Refused before anything was proposed (a member that
+				// takes no hand-off says invalid_argument).
+				return false, nil
+			}
+		}
+	}
 	if err != nil {
 		if l.err != nil && !errors.Is(l.err, ErrUnknownOutcome) {
-			return l.err // lost meanwhile (the session ended, the client closed)
+			return true, l.err // lost meanwhile (the session ended, the client closed)
 		}
 		uerr := fmt.Errorf("%w: releasing lock %q token %d: %w", ErrUnknownOutcome, l.name, l.token, err)
 		if l.err == nil {
 			l.loseLocked(uerr)
 			c.releaseLaterLocked(l)
 		}
-		return uerr
+		return true, uerr
 	}
 	switch m.Type {
 	case api.TypeOK:
 		l.loseLocked(ErrReleased)
-		return nil
+		return true, nil
 	case api.TypeError:
-		return l.refusedLocked(m.Error)
+		return true, l.refusedLocked(m.Error)
 	}
-	return fmt.Errorf("lockd: release: unexpected reply %q", m.Type)
+	return true, fmt.Errorf("lockd: release: unexpected reply %q", m.Type)
+}
+
+// releaseSettled ends a release of name counted in Client.releasing: the
+// acquires it held back are sent, and the next caller in line may go.
+func (c *Client) releaseSettled(name string) {
+	c.mu.Lock()
+	frames := c.releaseDoneLocked(name)
+	cs := c.cur
+	c.mu.Unlock()
+	for _, f := range frames {
+		if c.write(cs, f) != nil {
+			return // the next connection sends them
+		}
+	}
+}
+
+// releaseDoneLocked counts a release of name as settled and returns the
+// frames of what it held back, for the live connection.
+func (c *Client) releaseDoneLocked(name string) [][]byte {
+	if c.releasing[name]--; c.releasing[name] <= 0 {
+		delete(c.releasing, name)
+	}
+	close(c.relCh)
+	c.relCh = make(chan struct{})
+	var frames [][]byte
+	if op := c.ops[name]; op != nil && c.releasing[name] == 0 {
+		var f []byte
+		switch {
+		case op.heldBack && !op.abandoned:
+			f = c.prepAcquireLocked(op, true)
+		case op.conn != c.cur:
+			f = c.pendingFrameLocked(op)
+		}
+		if f != nil {
+			frames = append(frames, f)
+		}
+	}
+	c.pumpLocked(name)
+	return frames
 }
 
 // releaseLaterLocked releases l in the background, bounded by
@@ -276,11 +374,16 @@ func (c *Client) releaseLaterLocked(l *Lock) {
 			// went through after all.
 			c.log.Debug("lockd: background release refused", "lock", l.name, "token", l.token, "code", m.Error.Code)
 		}
-		if c.releasing[l.name]--; c.releasing[l.name] <= 0 {
-			delete(c.releasing, l.name)
+		frames := c.releaseDoneLocked(l.name)
+		if cs := c.cur; len(frames) > 0 {
+			c.goLocked(func() {
+				for _, f := range frames {
+					if c.write(cs, f) != nil {
+						return
+					}
+				}
+			})
 		}
-		close(c.relCh)
-		c.relCh = make(chan struct{})
 	})
 }
 
@@ -333,6 +436,9 @@ func (l *Lock) Renew(ctx context.Context, ttl time.Duration) error {
 		l.deadline = sent.Add(ttl)
 		if exp, err := api.ParseTime(m.ExpiresAt); err == nil && !exp.IsZero() {
 			l.expiresAt = exp
+		}
+		if m.FencingProof != "" {
+			l.proof = m.FencingProof // signed for the new expiry
 		}
 		c.kickLease()
 		return nil

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log"
@@ -33,24 +34,36 @@ func deadEndpoint(t *testing.T) string {
 	return "http://" + addr
 }
 
-// TestNewDialTimeout: New with context.Background() against a dead
-// endpoint gives up after DialTimeout with ErrNoLeader, wrapping the last
-// cause, and says how long it tried.
+// blackholeEndpoint is the URL of a port that accepts connections and
+// never answers.
+func blackholeEndpoint(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return "http://" + l.Addr().String()
+}
+
+// TestNewDialTimeout: New with context.Background() against a member
+// that never answers gives up after DialTimeout with ErrNoLeader, wrapping
+// the last cause, and says how long it tried.
 func TestNewDialTimeout(t *testing.T) {
 	if client.DefaultDialTimeout != 10*time.Second {
 		t.Fatalf("DefaultDialTimeout %v, documented as 10s", client.DefaultDialTimeout)
 	}
 	start := time.Now()
-	c, err := client.New(context.Background(), client.Config{Endpoints: []string{deadEndpoint(t)},
-		DialTimeout: 300 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	c, err := client.New(context.Background(), client.Config{Endpoints: []string{blackholeEndpoint(t)},
+		DialTimeout: 300 * time.Millisecond, AttemptTimeout: 100 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
 	took := time.Since(start)
 	if err == nil {
 		c.Close()
-		t.Fatal("New succeeded against a dead endpoint")
+		t.Fatal("New succeeded against a member that never answers")
 	}
 	t.Logf("New after %v: %v", took, err)
-	if !errors.Is(err, client.ErrNoLeader) || !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Fatalf("error %v: want ErrNoLeader wrapping the refused connection", err)
+	if !errors.Is(err, client.ErrNoLeader) || !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, client.ErrUnreachable) {
+		t.Fatalf("error %v: want ErrNoLeader wrapping the attempt's timeout", err)
 	}
 	if !strings.Contains(err.Error(), "within 300ms") {
 		t.Fatalf("error %q does not say how long it tried", err)
@@ -62,9 +75,51 @@ func TestNewDialTimeout(t *testing.T) {
 	// The caller's ctx, when shorter, is what ends it.
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
-	_, err = client.New(ctx, client.Config{Endpoints: []string{deadEndpoint(t)}, MaxBackoff: 50 * time.Millisecond})
+	_, err = client.New(ctx, client.Config{Endpoints: []string{blackholeEndpoint(t)}, AttemptTimeout: 100 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
 	if !errors.Is(err, client.ErrNoLeader) || !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "DialTimeout") {
 		t.Fatalf("New with a 200ms ctx: %v", err)
+	}
+}
+
+// TestNewFailsFastWhenEveryEndpointRefuses (issue 23, item 3): when every
+// endpoint refuses the connection, New says so at once — it does not wait
+// out DialTimeout (10 s by default) for something that cannot change —
+// and the API's calls do too, as long as no member ever answered. One
+// endpoint that may answer (here one that never does, within its
+// attempt) keeps it retrying.
+func TestNewFailsFastWhenEveryEndpointRefuses(t *testing.T) {
+	dead1, dead2 := deadEndpoint(t), deadEndpoint(t)
+	start := time.Now()
+	c, err := client.New(context.Background(), client.Config{Endpoints: []string{dead1, dead2}})
+	took := time.Since(start)
+	if err == nil {
+		c.Close()
+		t.Fatal("New succeeded against dead endpoints")
+	}
+	t.Logf("New after %v: %v", took, err)
+	if !errors.Is(err, client.ErrUnreachable) || !errors.Is(err, client.ErrNoLeader) || !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("error %v: want ErrUnreachable and ErrNoLeader wrapping the refused connections", err)
+	}
+	if !strings.Contains(err.Error(), strings.TrimPrefix(dead1, "http://")) || !strings.Contains(err.Error(), strings.TrimPrefix(dead2, "http://")) {
+		t.Fatalf("error %q does not name each endpoint", err)
+	}
+	if took > time.Second {
+		t.Fatalf("New took %v against endpoints that refuse: want at once", took)
+	}
+
+	a := newAPI(t, dead1)
+	start = time.Now()
+	_, err = a.Acquire(t.Context(), "x", "me", time.Minute, 5*time.Second)
+	if !errors.Is(err, client.ErrUnreachable) || time.Since(start) > time.Second {
+		t.Fatalf("API.Acquire against a refusing endpoint: %v after %v", err, time.Since(start))
+	}
+
+	// A member that might still answer: retried until the deadline.
+	ctx, cancel := context.WithTimeout(t.Context(), 600*time.Millisecond)
+	defer cancel()
+	_, err = client.New(ctx, client.Config{Endpoints: []string{dead1, blackholeEndpoint(t)}, AttemptTimeout: 100 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	if errors.Is(err, client.ErrUnreachable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("New with one endpoint that may answer: %v, want the deadline", err)
 	}
 }
 
@@ -181,5 +236,64 @@ func TestStaleStatusAndMemberStatus(t *testing.T) {
 	}
 	if _, err := a.MemberStatus(ctx, "127.0.0.1:1"); err == nil || !strings.Contains(err.Error(), "not an http(s) URL") {
 		t.Fatalf("MemberStatus of a URL without a scheme: %v", err)
+	}
+}
+
+// TestFailFastOnTLSMistakes (issue 23, item 3): a TLS handshake that fails
+// for a reason of the configuration — a certificate from a CA the client
+// does not trust, a name the certificate does not cover, no client
+// certificate where the member requires one — fails New and API calls at
+// once, with the TLS error, instead of retrying to the deadline.
+func TestFailFastOnTLSMistakes(t *testing.T) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("a request reached the handler: %s %s", r.Method, r.URL)
+	})
+	quiet := log.New(io.Discard, "", 0) // the servers log each failed handshake
+	plain := httptest.NewUnstartedServer(handler)
+	plain.Config.ErrorLog = quiet
+	plain.StartTLS()
+	t.Cleanup(plain.Close)
+	mtls := httptest.NewUnstartedServer(handler)
+	mtls.Config.ErrorLog = quiet
+	mtls.TLS = &tls.Config{ClientAuth: tls.RequireAnyClientCert}
+	mtls.StartTLS()
+	t.Cleanup(mtls.Close)
+	trust := func(srv *httptest.Server) *tls.Config {
+		return &tls.Config{RootCAs: srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs}
+	}
+	for _, tc := range []struct {
+		name     string
+		endpoint string
+		tls      *tls.Config
+		want     string
+	}{
+		{"unknown CA", plain.URL, &tls.Config{}, "certificate signed by unknown authority"},
+		{"hostname mismatch", strings.Replace(plain.URL, "127.0.0.1", "localhost", 1), trust(plain), "localhost"},
+		{"no client certificate", mtls.URL, trust(mtls), "certificate required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			c, err := client.New(context.Background(), client.Config{Endpoints: []string{tc.endpoint}, TLSConfig: tc.tls})
+			if err == nil {
+				c.Close()
+				t.Fatal("New succeeded")
+			}
+			t.Logf("New after %v: %v", time.Since(start), err)
+			if !errors.Is(err, client.ErrUnreachable) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New: %v, want ErrUnreachable naming %q", err, tc.want)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Fatalf("New took %v: want at once", d)
+			}
+			a, err := client.NewAPI(client.APIConfig{Endpoints: []string{tc.endpoint}, TLSConfig: tc.tls})
+			if err != nil {
+				t.Fatal(err)
+			}
+			start = time.Now()
+			_, err = a.Acquire(t.Context(), "x", "me", time.Minute, 0)
+			if !errors.Is(err, client.ErrUnreachable) || !strings.Contains(err.Error(), tc.want) || time.Since(start) > 2*time.Second {
+				t.Fatalf("API.Acquire: %v after %v", err, time.Since(start))
+			}
+		})
 	}
 }

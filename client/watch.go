@@ -27,6 +27,30 @@ type WatchEvent struct {
 	// fell behind. Changes of the lock between the previous event and this
 	// one may have been skipped; this is its state as of Index.
 	Resync bool
+	// Conn is set, only on a watch opened WithConnEvents, on an event that
+	// tells the watch's connection state instead of a lock's change (Lock
+	// is then empty): the connection was lost, or the watch is established
+	// again on a new one.
+	Conn *ConnEvent
+}
+
+// ConnEvent is a change of a watch's connection (see WithConnEvents).
+type ConnEvent struct {
+	// Connected is false when the connection the watch lived on was lost:
+	// from then until an event with Connected true, no change is delivered
+	// (the cluster may be changing all the same). It is true when the
+	// watch is established again on a new connection and has caught up:
+	// the statuses read again then (Resync events) came before it.
+	Connected bool
+	// Err is why the connection was lost (Connected false).
+	Err error
+	// CaughtUp is how many locks' statuses the watch delivered while it
+	// caught up (Connected true): the changes made while it was away,
+	// folded into one event per lock.
+	CaughtUp int
+	// Leader is the base URL of the member the watch lives on again
+	// (Connected true).
+	Leader string
 }
 
 // WatchOption configures Watch and WatchPrefix.
@@ -34,6 +58,18 @@ type WatchOption func(*watchOptions)
 
 type watchOptions struct {
 	buffer int
+	conn   bool
+}
+
+// WithConnEvents makes the watch tell its connection state in the event
+// channel, in order with the changes: an event with Conn set (and no
+// Lock) when the connection it lives on is lost — so a consumer can tell
+// "no change" from "not connected" — and another once it is established
+// again and has caught up, with how many locks' statuses it re-read. The
+// events of one outage come once each, however many attempts reconnecting
+// takes. Without it the channel carries lock changes only.
+func WithConnEvents() WatchOption {
+	return func(o *watchOptions) { o.conn = true }
 }
 
 // defaultWatchBuffer is how many events a watch holds for its consumer.
@@ -60,6 +96,7 @@ type watch struct {
 	out    chan WatchEvent
 	wake   chan struct{} // an event was queued (capacity 1)
 	first  chan error    // the answer to the first watch request (capacity 1)
+	conns  bool          // WithConnEvents
 
 	// Guarded by Client.mu.
 	started bool // the first watch request was answered ok
@@ -82,6 +119,11 @@ type watch struct {
 	// overflow: an event was dropped because the queue was full; the
 	// watch is read again once the consumer has emptied it.
 	overflow bool
+	// away: the connection was lost, and the watch has not caught up on a
+	// new one yet; caught counts the statuses delivered since it came
+	// back (see connLostLocked, caughtUpLocked).
+	away   bool
+	caught int
 }
 
 func (w *watch) what() string {
@@ -138,7 +180,7 @@ func (c *Client) watch(ctx context.Context, lock string, prefix *string, opts []
 	if o.buffer < 1 {
 		return nil, fmt.Errorf("lockd: watch buffer %d: want at least 1", o.buffer)
 	}
-	w := &watch{lock: lock, prefix: prefix, ctx: ctx, buf: o.buffer,
+	w := &watch{lock: lock, prefix: prefix, ctx: ctx, buf: o.buffer, conns: o.conn,
 		out: make(chan WatchEvent), wake: make(chan struct{}, 1), first: make(chan error, 1),
 		last: make(map[string]uint64), state: make(map[string]bool)}
 	c.mu.Lock()
@@ -374,6 +416,7 @@ func (c *Client) onSyncedLocked(w *watch, m *api.WSMessage) {
 		}
 	}
 	w.rereading, w.pictured = false, nil
+	c.caughtUpLocked(w) // the statuses re-read came before: tell a consumer that asked
 }
 
 // offerLocked queues a lock's status for the consumer if it is newer than
@@ -395,10 +438,46 @@ func (c *Client) offerLocked(w *watch, name string, idx uint64, st api.LockStatu
 	}
 	w.last[name] = idx
 	w.state[name] = hasState(&st)
-	w.queue = append(w.queue, WatchEvent{Lock: name, Index: idx, Status: st, Resync: resync})
+	if w.away && resync {
+		w.caught++
+	}
+	c.queueLocked(w, WatchEvent{Lock: name, Index: idx, Status: st, Resync: resync})
+}
+
+func (c *Client) queueLocked(w *watch, ev WatchEvent) {
+	w.queue = append(w.queue, ev)
 	select {
 	case w.wake <- struct{}{}:
 	default:
+	}
+}
+
+// connLostLocked tells w, whose connection cs was lost (err), once per
+// outage.
+func (c *Client) connLostLocked(w *watch, err error) {
+	if w.ended || !w.started || w.away {
+		return
+	}
+	w.away, w.caught = true, 0
+	if w.conns {
+		// Beyond the buffer if need be: it is one small event per outage.
+		c.queueLocked(w, WatchEvent{Conn: &ConnEvent{Err: err}})
+	}
+}
+
+// caughtUpLocked tells w it is established again, once its first picture
+// on the new connection (and its re-read) has been delivered.
+func (c *Client) caughtUpLocked(w *watch) {
+	if w.ended || !w.away {
+		return
+	}
+	w.away = false
+	if w.conns {
+		leader := ""
+		if w.conn != nil {
+			leader = w.conn.base
+		}
+		c.queueLocked(w, WatchEvent{Conn: &ConnEvent{Connected: true, CaughtUp: w.caught, Leader: leader}})
 	}
 }
 

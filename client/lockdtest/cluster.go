@@ -9,7 +9,9 @@
 // nothing on disk: the members share one state, so a leader change keeps
 // sessions and queues, as the real cluster does. Faults: SetLeader,
 // DropConnections, Partition, DropReplies, ExpireSession, ExpireLock,
-// DropGrant, DropWatchChanges. Watches and blocking queries are served
+// DropGrant, DropWatchChanges, DropHTTPConnections, Overload. Waits are withdrawn by cancel
+// (WebSocket and HTTP), and a WebSocket release may hand the lock on to
+// another acquire of the same client (handoff), as in lockd. Watches and blocking queries are served
 // too (see watch.go), and so is membership as far as clients see it:
 // GET /api/v1/status (each member's own view), GET /api/v1/cluster, and
 // members added from outside (listed, serving nothing; removing an unknown
@@ -64,6 +66,10 @@ type Cluster struct {
 	fresh       int                   // hellos that opened a session
 	resumed     int                   // hellos that resumed one
 	added       map[string]api.Member // members added by POST /api/v1/cluster/members
+	handoffs    int                   // releases with a hand-off
+	cancelled   int                   // waits withdrawn by a cancel
+	overload    map[string]int        // requests of an op still to refuse as overloaded
+	overloaded  int                   // requests refused as overloaded
 }
 
 // New starts a fake cluster.
@@ -83,6 +89,7 @@ func New(opts Options) *Cluster {
 		dropped:  make(map[string]uint64),
 		changes:  make(chan struct{}),
 		added:    make(map[string]api.Member),
+		overload: make(map[string]int),
 
 		dropReplies: make(map[string]bool),
 	}
@@ -170,6 +177,16 @@ func (c *Cluster) DropConnections() {
 	c.mu.Unlock()
 }
 
+// DropHTTPConnections closes every client's HTTP connection to every
+// member abruptly, as a member's crash does: a request in flight (a
+// waiting acquire, a blocking query) gets a reset, and what it did stays
+// done (a waiting acquire keeps its place, as in lockd).
+func (c *Cluster) DropHTTPConnections() {
+	for _, m := range c.members {
+		m.srv.CloseClientConnections()
+	}
+}
+
 func (c *Cluster) dropLocked() {
 	for _, m := range c.members {
 		for cn := range m.conns {
@@ -205,6 +222,51 @@ func (c *Cluster) DropReplies(op string, on bool) {
 	defer c.mu.Unlock()
 	c.dropReplies[op] = on
 	c.logf("lockdtest: replies to %s dropped=%v", op, on)
+}
+
+// Overload makes the leader refuse the next n requests of op (a WebSocket
+// op such as api.OpAcquire; HTTP requests of the same action count too:
+// acquire, release, renew, cancel) as lockd's admission control does:
+// 503 overloaded with Retry-After: 1 over HTTP, an error frame with
+// retry_after_ms 100 over WebSocket. Nothing of a refused request is
+// applied.
+func (c *Cluster) Overload(op string, n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.overload[op] = n
+}
+
+// Overloaded returns how many requests were refused as overloaded.
+func (c *Cluster) Overloaded() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.overloaded
+}
+
+// overloadedLocked counts a request of op against Overload and reports
+// whether to refuse it.
+func (c *Cluster) overloadedLocked(op string) bool {
+	if c.overload[op] <= 0 {
+		return false
+	}
+	c.overload[op]--
+	c.overloaded++
+	return true
+}
+
+// Handoffs returns how many releases carried a hand-off (WebSocket release
+// with "handoff": release and acquire in one step).
+func (c *Cluster) Handoffs() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.handoffs
+}
+
+// Cancelled returns how many waits a cancel withdrew.
+func (c *Cluster) Cancelled() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cancelled
 }
 
 // ExpireSession ends a session now, as its expiry does: its grants end

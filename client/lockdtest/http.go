@@ -35,6 +35,8 @@ func (m *member) routes() http.Handler {
 	mux.HandleFunc("POST /api/v1/locks/{name}/renew", m.leaderOnly(m.renew))
 	mux.HandleFunc("POST /api/v1/locks/{name}/value", m.leaderOnly(m.setValue))
 	mux.HandleFunc("POST /api/v1/acquire", m.leaderOnly(m.acquireMany))
+	mux.HandleFunc("POST /api/v1/locks/{name}/cancel", m.leaderOnly(m.cancel))
+	mux.HandleFunc("POST /api/v1/cancel", m.leaderOnly(m.cancelMany))
 	mux.HandleFunc("GET /api/v1/locks/{name}", m.leaderOnly(m.status))
 	mux.HandleFunc("DELETE /api/v1/locks/{name}", m.leaderOnly(m.revoke))
 	mux.HandleFunc("GET /api/v1/locks", m.leaderOnly(m.list))
@@ -72,6 +74,11 @@ func (m *member) leaderOnly(h http.HandlerFunc) http.HandlerFunc {
 		leader, lurl := m.c.leader, m.c.leaderURLLocked()
 		m.c.mu.Unlock()
 		if leader == m.idx || (r.Method == http.MethodGet && r.URL.Query().Get("stale") == "true") {
+			if r.Method == http.MethodPost && m.c.refuseOverloaded(httpOp(r.URL.Path)) {
+				w.Header().Set("Retry-After", "1")
+				writeErr(w, api.CodeOverloaded, "the member is overloaded; retry after 1s")
+				return
+			}
 			h(w, r)
 			return
 		}
@@ -104,6 +111,63 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		return false
 	}
 	return true
+}
+
+// httpOp is the WebSocket op an HTTP POST path does (see Overload).
+func httpOp(path string) string {
+	switch {
+	case path == "/api/v1/acquire" || strings.HasSuffix(path, "/acquire"):
+		return api.OpAcquire
+	case path == "/api/v1/cancel" || strings.HasSuffix(path, "/cancel"):
+		return api.OpCancel
+	case strings.HasSuffix(path, "/release"):
+		return api.OpRelease
+	case strings.HasSuffix(path, "/renew"):
+		return api.OpRenew
+	}
+	return ""
+}
+
+func (c *Cluster) refuseOverloaded(op string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.overloadedLocked(op)
+}
+
+// cancel withdraws a client's queued wait on one lock.
+func (m *member) cancel(w http.ResponseWriter, r *http.Request) {
+	var req api.CancelRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if !validName(r.PathValue("name")) || req.ClientID == "" {
+		writeErr(w, api.CodeInvalidArgument, "lock name or client_id invalid")
+		return
+	}
+	m.c.mu.Lock()
+	ok := m.c.cancelLocked([]string{r.PathValue("name")}, req.ClientID)
+	m.c.mu.Unlock()
+	writeJSON(w, 200, api.CancelReply{Cancelled: ok})
+}
+
+// cancelMany withdraws a client's queued multi-acquire, by all its names.
+func (m *member) cancelMany(w http.ResponseWriter, r *http.Request) {
+	var req api.CancelManyRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	names, msg := lockSet(req.Locks)
+	if msg == "" && req.ClientID == "" {
+		msg = "client_id is required"
+	}
+	if msg != "" {
+		writeErr(w, api.CodeInvalidArgument, msg)
+		return
+	}
+	m.c.mu.Lock()
+	ok := m.c.cancelLocked(names, req.ClientID)
+	m.c.mu.Unlock()
+	writeJSON(w, 200, api.CancelReply{Cancelled: ok})
 }
 
 func (m *member) acquire(w http.ResponseWriter, r *http.Request) {
@@ -261,7 +325,7 @@ func (m *member) renew(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, api.CodeNotHolder, "client "+req.ClientID+" does not hold that token")
 		return
 	}
-	writeJSON(w, 200, api.RenewReply{Renewed: true, ExpiresAt: fmtTime(h.expires)})
+	writeJSON(w, 200, api.RenewReply{Renewed: true, ExpiresAt: fmtTime(h.expires), FencingProof: h.proof})
 }
 
 func (m *member) status(w http.ResponseWriter, r *http.Request) {

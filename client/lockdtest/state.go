@@ -32,6 +32,7 @@ type holder struct {
 	mode      string
 	value     string
 	delay     time.Duration // lock-delay when the grant ends without a release
+	renewals  int           // renews so far (a fresh proof each)
 }
 
 // waiter is a queued acquire. A multi-acquire's waiter sits in the queue
@@ -455,7 +456,32 @@ func (c *Cluster) renewLocked(name, clientID string, token uint64, ttl time.Dura
 		return nil, false
 	}
 	regrantLocked(h, ttl, time.Now())
+	if c.opts.Proofs {
+		// Signed anew for the new expiry, as lockd does.
+		h.renewals++
+		h.proof = fmt.Sprintf("proof:%s:%d:r%d", name, h.token, h.renewals)
+	}
 	return h, true
+}
+
+// cancelLocked withdraws clientID's queued wait on names (one lock, or a
+// multi-acquire's by all its names): the waiting acquire is answered
+// cancelled, and the queues move on. It reports whether there was one.
+func (c *Cluster) cancelLocked(names []string, clientID string) bool {
+	l := c.locks[names[0]]
+	if l == nil {
+		return false
+	}
+	for _, w := range l.queue {
+		if w.clientID == clientID && slices.Equal(w.names, names) {
+			c.removeWaiterLocked(w)
+			c.notifyLocked(w, acquireDone{code: api.CodeCancelled})
+			c.advanceLocked(time.Now(), names...)
+			c.cancelled++
+			return true
+		}
+	}
+	return false
 }
 
 func (c *Cluster) setValueLocked(name, clientID string, token uint64, value string) bool {

@@ -177,6 +177,10 @@ func (cn *conn) handle(data []byte) {
 		return
 	}
 	c.requests[req.Op]++
+	if c.overloadedLocked(req.Op) {
+		reply(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: api.CodeOverloaded, Message: "the member is overloaded; retry after 100ms"}})
+		return
+	}
 	now := time.Now()
 	if req.Op == api.OpHello {
 		if req.SessionID != "" {
@@ -274,6 +278,10 @@ func (cn *conn) handle(data []byte) {
 	case api.OpUnwatch:
 		cn.unwatchLocked(req, reply, fail)
 	case api.OpRelease:
+		if req.Handoff != nil {
+			cn.handOffLocked(req, s, reply, fail)
+			return
+		}
 		if !c.releaseLocked(req.Lock, s.clientID, req.FencingToken) {
 			fail(api.CodeNotHolder, "not the holder of "+req.Lock)
 			return
@@ -285,8 +293,57 @@ func (cn *conn) handle(data []byte) {
 			fail(api.CodeNotHolder, "not the holder of "+req.Lock)
 			return
 		}
-		reply(api.WSMessage{Type: api.TypeOK, Lock: req.Lock, FencingToken: h.token, ExpiresAt: fmtTime(h.expires)})
+		reply(api.WSMessage{Type: api.TypeOK, Lock: req.Lock, FencingToken: h.token, ExpiresAt: fmtTime(h.expires), FencingProof: h.proof})
+	case api.OpCancel:
+		names := []string{req.Lock}
+		if req.Locks != nil {
+			ns, msg := lockSet(req.Locks)
+			if msg != "" || req.Lock != "" {
+				fail(api.CodeInvalidArgument, msg+" (and no lock beside locks)")
+				return
+			}
+			names = ns
+		} else if !validName(req.Lock) {
+			fail(api.CodeInvalidArgument, "lock: bad name")
+			return
+		}
+		ok := c.cancelLocked(names, s.clientID)
+		reply(api.WSMessage{Type: api.TypeOK, Lock: req.Lock, Cancelled: &ok})
 	default:
 		fail(api.CodeInvalidArgument, "unknown op "+req.Op)
+	}
+}
+
+// handOffLocked is a release with a hand-off: the release, then the
+// acquire it carries (its own id, the acquire's fields), in one step, as
+// lockd does it. The acquire joins the queue behind every waiter there.
+func (cn *conn) handOffLocked(req api.WSRequest, s *session, reply func(api.WSMessage), fail func(code, msg string)) {
+	c := cn.m.c
+	next := *req.Handoff
+	if next.ID == 0 || next.ID == req.ID || (next.Op != "" && next.Op != api.OpAcquire) || (next.Lock != "" && next.Lock != req.Lock) ||
+		len(next.Locks) > 0 || next.Handoff != nil || req.FencingToken == 0 {
+		fail(api.CodeInvalidArgument, "handoff: a malformed hand-off")
+		return
+	}
+	r := acquireReq{names: []string{req.Lock}, clientID: s.clientID, sessionID: s.id, ttl: ms(next.TTLms), wait: ms(next.WaitTimeoutMs), reqID: next.ID}
+	if msg := kinds(&r, next.Mode, next.Limit, next.LockDelayMs, next.Value); msg != "" || !validName(req.Lock) {
+		fail(api.CodeInvalidArgument, "handoff: "+msg)
+		return
+	}
+	c.handoffs++
+	if c.releaseLocked(req.Lock, s.clientID, req.FencingToken) {
+		reply(api.WSMessage{Type: api.TypeOK})
+	} else {
+		fail(api.CodeNotHolder, "not the holder of "+req.Lock)
+	}
+	d := c.acquireLocked(r)
+	switch {
+	case d.hs != nil:
+		cn.pushLocked(grantedMsg(next.ID, d.hs, false))
+	case d.code != "":
+		if c.dropReplies[api.OpAcquire] {
+			return
+		}
+		cn.pushLocked(api.WSMessage{ID: next.ID, Type: api.TypeError, Error: &api.Error{Code: d.code, Message: "lock " + req.Lock + " not acquired"}, Lock: d.lock, Holder: d.holder})
 	}
 }

@@ -118,7 +118,7 @@ func (e *env) bench(ctx context.Context, f benchFlags) int {
 		go func() {
 			defer wg.Done()
 			name := fmt.Sprintf("%s%d", f.prefix, i%f.locks)
-			id := fmt.Sprintf("%s-bench-%d", e.clientID(), i)
+			id := fmt.Sprintf("%s-bench-%d", e.sessionClientID(), i)
 			if f.mode == "http" {
 				end, _ := runCtx.Deadline()
 				for runCtx.Err() == nil {
@@ -161,7 +161,7 @@ func (e *env) bench(ctx context.Context, f benchFlags) int {
 		time.Sleep(200 * time.Millisecond)
 		for i := 0; i < f.clients; i++ {
 			name := fmt.Sprintf("%s%d", f.prefix, i%f.locks)
-			id := fmt.Sprintf("%s-bench-%d", e.clientID(), i)
+			id := fmt.Sprintf("%s-bench-%d", e.sessionClientID(), i)
 			cctx, ccancel := e.ctx(ctx, 0)
 			if rep, err := a.Acquire(cctx, name, id, f.ttl, 0); err == nil {
 				_ = a.Release(cctx, name, id, rep.FencingToken)

@@ -279,17 +279,20 @@ const exitCodesHelp = `Exit codes:
   2  usage error
   3  run: the lock was lost while CMD ran; CMD was stopped
      elect: the leadership was lost
-  4  lock not acquired: held by another client, or the wait timed out
+  4  lock not acquired: held by another client, or the wait timed out (or was
+     withdrawn by another lockctl of the same client ID)
   5  not the holder of the lock (revoke --token: no grant has that token), or the
      session expired / does not exist
   6  no leader: no member could name a leader or none answered within --timeout
-     (a TLS failure, such as an untrusted certificate, and an http:// endpoint
-     of a member that speaks HTTPS show up here too); endpoint status: no
+     (or the cluster stayed overloaded); at once when every endpoint refuses
+     the connection or the TLS handshake (an untrusted certificate, say); an
+     http:// endpoint of a member that speaks HTTPS too; endpoint status: no
      member answered
   7  not authorized: no token or an unknown one (401 unauthenticated), or the
      token lacks the access the command needs (403 permission_denied)
   8  cluster add, remove or transfer refused by the cluster: no such member, an
      invalid address, or a change the cluster cannot make now
+  128+N  acquire, run: stopped by signal N while waiting (the wait withdrawn)
 `
 
 const endpointsHelp = `An endpoint without a scheme gets https:// when --cacert or --cert is set, else http://.

@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
@@ -128,9 +132,17 @@ func (e *env) acquireCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "acquire NAME [NAME...] [--ttl 30s] [--wait 0s] [--shared] [--limit N] [--lock-delay D] [--value V]",
 		Short: "take locks without a session; print the token and the expiry",
-		Long: `Take a lock without a session, held by --client-id until its TTL runs out
-or it is released (lockctl release NAME --token N --client-id ID); print
+		Long: `Take a lock without a session, held by --client-id (default user@host) until
+its TTL runs out or it is released (lockctl release NAME --token N); print
 its fencing token and expiry. With --wait, wait up to that long for it.
+
+A wait rides through a failover: a dropped connection, no_leader or
+overloaded is retried on the member that leads then (the acquire keeps its
+place), with a line on stderr saying what lockctl waits for. Given up — at
+--timeout + --wait, or on SIGINT/SIGTERM (exit 128+N) — the wait is
+withdrawn before lockctl exits (and a grant that came just then is
+released). A killed lockctl cannot withdraw it: for a lock that must not
+outlive its process, use lockctl run.
 
 Several names (NAME NAME, or NAME,NAME) are a multi-lock: every lock in one
 step, or none; a refusal names the lock that blocked it. Each lock is then
@@ -165,7 +177,15 @@ semaphore), --lock-delay D, --value V; see the flags.`,
 }
 
 func (e *env) acquire(ctx context.Context, names []string, ttl, wait time.Duration, kf *kindFlags) int {
-	r, code := e.prepare(ctx, wait)
+	what := "lock " + names[0]
+	if len(names) > 1 {
+		what = "locks " + strings.Join(names, ",")
+	}
+	// A signal ends the wait: lockctl withdraws it on the way out, so the
+	// lock is not granted later to a lockctl that is gone.
+	ctx, sig, stop := withSignals(ctx)
+	defer stop()
+	r, code := e.prepareFor(ctx, wait, what)
 	if r == nil {
 		return code
 	}
@@ -186,7 +206,6 @@ func (e *env) acquire(ctx context.Context, names []string, ttl, wait time.Durati
 	if ttl > 0 {
 		ttlMs = msPtr(ttl)
 	}
-	what := "lock " + names[0]
 	var rep *api.AcquireReply
 	if len(names) == 1 {
 		req := api.AcquireRequest{ClientID: e.clientID(), TTLms: ttlMs, WaitTimeoutMs: waitMs, Mode: kf.mode(), LockDelayMs: delay, Value: value}
@@ -196,13 +215,25 @@ func (e *env) acquire(ctx context.Context, names []string, ttl, wait time.Durati
 		}
 		rep, err = r.api.AcquireRequest(r.ctx, names[0], req)
 	} else {
-		what = "locks " + strings.Join(names, ",")
 		rep, err = r.api.AcquireMany(r.ctx, api.MultiAcquireRequest{ClientID: e.clientID(), Locks: names, Mode: kf.mode(),
 			TTLms: ttlMs, WaitTimeoutMs: waitMs, LockDelayMs: delay, Value: value})
 	}
 	if err != nil {
+		if errors.Is(err, client.ErrUnknownOutcome) {
+			// The cancel found no wait: the lock may have been granted as
+			// lockctl gave up. Nobody would know its token: give it back.
+			e.releaseRaced(r.api, names)
+		}
+		if s := sig(); s != nil {
+			e.note("%s: interrupted by %s; %s", what, sigName(s), withdrawnWords(err, wait > 0))
+			return 128 + int(s.(syscall.Signal))
+		}
 		e.nameHolder(r.api, names[0], &err)
-		return e.fail(err, what)
+		code := e.fail(err, what)
+		if wait > 0 && r.ctx.Err() != nil {
+			e.note("%s: gave up waiting; %s", what, withdrawnWords(err, true))
+		}
+		return code
 	}
 	if len(rep.Grants) == 0 {
 		line := fmt.Sprintf("%s acquired token=%d expires_at=%s client_id=%s", textValue(names[0]), rep.FencingToken, textValue(rep.ExpiresAt), textValue(rep.ClientID))
@@ -218,6 +249,97 @@ func (e *env) acquire(ctx context.Context, names []string, ttl, wait time.Durati
 	}
 	e.print(rep, b.String())
 	return exitOK
+}
+
+// sigName is a signal as a person types it: SIGTERM, not "terminated".
+func sigName(s os.Signal) string {
+	switch s {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	case syscall.SIGQUIT:
+		return "SIGQUIT"
+	}
+	return s.String()
+}
+
+// withdrawnWords says what became of a wait given up by a signal (the
+// API withdrew it; see client.API.AcquireRequest).
+func withdrawnWords(err error, waited bool) string {
+	switch {
+	case errors.Is(err, client.ErrUnknownOutcome):
+		return err.Error() // what the withdrawal found
+	case waited:
+		return "the wait was withdrawn"
+	}
+	return "nothing was waiting"
+}
+
+// releaseRaced releases the grants this client holds on names: an acquire
+// whose wait lockctl gave up found, on its way out, nothing left to
+// withdraw, so it may have been granted at the last moment.
+func (e *env) releaseRaced(a *client.API, names []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), client.WithdrawTimeout)
+	defer cancel()
+	id := e.clientID()
+	for _, name := range names {
+		st, err := a.Status(ctx, name, false)
+		if err != nil {
+			e.note("lock %s: could not check for a grant made as lockctl gave up: %v (it ends with its TTL)", name, err)
+			continue
+		}
+		for _, h := range holdersOf(st) {
+			if h.ClientID != id {
+				continue
+			}
+			if err := a.Release(ctx, name, id, h.FencingToken); err != nil {
+				e.note("lock %s: granted (token %d) as lockctl gave up; releasing it failed: %v (it ends with its TTL)", name, h.FencingToken, err)
+			} else {
+				e.note("lock %s: granted (token %d) as lockctl gave up; released it", name, h.FencingToken)
+			}
+		}
+	}
+}
+
+// holdersOf lists a status's holders (the older fields for a server that
+// sends no list).
+func holdersOf(st *api.LockStatus) []api.HolderStatus {
+	if len(st.Holders) > 0 || !st.Held {
+		return st.Holders
+	}
+	return []api.HolderStatus{{ClientID: st.ClientID, FencingToken: st.FencingToken, ExpiresAt: st.ExpiresAt, Mode: st.Mode}}
+}
+
+// withSignals returns ctx ended by SIGINT or SIGTERM, and which one came.
+func withSignals(parent context.Context) (ctx context.Context, sig func() os.Signal, stop func()) {
+	ctx, cancel := context.WithCancel(parent)
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, stopSignals...)
+	var mu sync.Mutex
+	var got os.Signal
+	done := make(chan struct{})
+	go func() {
+		select {
+		case s := <-ch:
+			mu.Lock()
+			got = s
+			mu.Unlock()
+			cancel()
+		case <-done:
+		}
+	}()
+	return ctx, func() os.Signal {
+			mu.Lock()
+			defer mu.Unlock()
+			return got
+		}, func() {
+			signal.Stop(ch)
+			close(done)
+			cancel()
+		}
 }
 
 func (e *env) revokeCmd() *cobra.Command {
@@ -284,10 +406,11 @@ func (e *env) releaseCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "release NAME --token N",
 		Short: "release a lock held by --client-id",
-		Long: `Release a lock held by --client-id with fencing token N. Pass the same
---client-id as to acquire (its default, <hostname>:<pid>, differs per
-invocation). Exits 5 when that client does not hold the lock with that token.`,
-		Example: "  lockctl release jobs/nightly --token 42 --client-id me",
+		Long: `Release a lock held by --client-id with fencing token N. The default
+client ID, user@host, is acquire's too; pass the --client-id acquire was
+given. Exits 5 when that client does not hold the lock with that token, and
+says who does.`,
+		Example: "  lockctl release jobs/nightly --token 42",
 		Args:    positional("NAME"),
 		RunE: func(c *cobra.Command, args []string) error {
 			return status(e.release(c.Context(), args[0], token))
@@ -304,7 +427,7 @@ func (e *env) release(ctx context.Context, name string, token uint64) int {
 	}
 	defer r.cancel()
 	if err := r.api.Release(r.ctx, name, e.clientID(), token); err != nil {
-		return e.fail(err, "lock "+name)
+		return e.failNotHolder(r.api, err, name, token)
 	}
 	e.print(api.ReleaseReply{Released: true}, textValue(name)+" released")
 	return exitOK
@@ -336,7 +459,7 @@ func (e *env) renew(ctx context.Context, name string, token uint64, ttl time.Dur
 	defer r.cancel()
 	rep, err := r.api.Renew(r.ctx, name, e.clientID(), token, ttl)
 	if err != nil {
-		return e.fail(err, "lock "+name)
+		return e.failNotHolder(r.api, err, name, token)
 	}
 	e.print(rep, fmt.Sprintf("%s renewed expires_at=%s", textValue(name), textValue(rep.ExpiresAt)))
 	return exitOK
@@ -512,6 +635,36 @@ func (e *env) list(ctx context.Context, prefix string, limit int, after string) 
 	return exitOK
 }
 
+// failNotHolder is fail for release and renew: a not_holder refusal says
+// who holds the lock instead, and which --client-id to pass.
+func (e *env) failNotHolder(a *client.API, err error, name string, token uint64) int {
+	if !errors.Is(err, client.ErrNotHolder) {
+		return e.fail(err, "lock "+name)
+	}
+	id := e.clientID()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	why := ""
+	if st, serr := a.Status(ctx, name, false); serr == nil {
+		var hs []string
+		for _, h := range holdersOf(st) {
+			if h.ClientID == id && h.FencingToken != token {
+				hs = append(hs, fmt.Sprintf("by this client with token %d, not %d", h.FencingToken, token))
+			} else {
+				hs = append(hs, fmt.Sprintf("by client %s (token %d)", textValue(h.ClientID), h.FencingToken))
+			}
+		}
+		if len(hs) == 0 {
+			why = "; it is free (released, or its TTL ran out)"
+		} else {
+			why = "; it is held " + strings.Join(hs, ", ")
+		}
+	}
+	e.note("lock %s: not the holder: client %s does not hold it with token %d%s. Pass the --client-id the lock was acquired with (the default, %s, is yours on this host).",
+		name, textValue(id), token, why, textValue(userAtHost()))
+	return exitNotHolder
+}
+
 // request is a command ready to call the API.
 type request struct {
 	api    *client.API
@@ -524,7 +677,13 @@ type request struct {
 // the request's context, which allows extra time beyond --timeout (a wait).
 // A nil request means: exit with the code.
 func (e *env) prepare(ctx context.Context, extra time.Duration) (*request, int) {
-	a, err := e.api()
+	return e.prepareFor(ctx, extra, "")
+}
+
+// prepareFor is prepare for a command that says on stderr what it waits
+// for while no leader answers (what names its object).
+func (e *env) prepareFor(ctx context.Context, extra time.Duration, what string) (*request, int) {
+	a, err := e.apiFor(what)
 	if err != nil {
 		return nil, e.setupFailed(err)
 	}

@@ -24,11 +24,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/internal/version"
 )
@@ -122,7 +125,7 @@ func (e *env) root() *cobra.Command {
 	root.SetGlobalNormalizationFunc(normalizeFlag)
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.endpoints, "endpoints", "http://127.0.0.1:7070", "comma-separated member `URLS` (env LOCKD_ENDPOINTS)")
-	pf.StringVar(&g.clientID, "client-id", "", "client `ID` (default <hostname>:<pid>); release and renew must use the client ID the lock was acquired with")
+	pf.StringVar(&g.clientID, "client-id", "", "client `ID` (default: user@host for acquire, release and renew, so that a release finds what an acquire took; user@host:pid for run, elect and watch, one client per process)")
 	pf.StringVarP(&g.output, "output", "o", "text", "output format: `text|json`")
 	durationVar(pf, &g.timeout, "timeout", 10*time.Second, "how long to look for a leader and wait for replies; acquire and run add --wait to it; it also bounds a snapshot transfer")
 	// Not --token: that is the fencing token of release and renew.
@@ -180,6 +183,9 @@ type env struct {
 	stderr io.Writer
 	getenv func(string) string
 	cmd    *cobra.Command // the command running, for the hints of usage errors
+	// deadline is when the command's requests give up (--timeout, plus a
+	// wait), for the lines it prints while it waits.
+	deadline time.Time
 }
 
 func (e *env) endpoints() []string {
@@ -247,17 +253,78 @@ func (e *env) setupFailed(err error) int {
 	return e.usageErr(err)
 }
 
+// clientID is the client ID of the commands without a session (acquire,
+// release, renew, session create): --client-id, or
+// user@host, the same for every lockctl of a user on a host, so that
+// `lockctl release` releases what an earlier `lockctl acquire` took.
 func (e *env) clientID() string {
 	if e.g.clientID != "" {
 		return e.g.clientID
 	}
-	return client.DefaultClientID()
+	return userAtHost()
+}
+
+// sessionClientID is the client ID of the commands that hold a session
+// while they run (run, elect, watch; bench's prefix): --client-id, or
+// user@host:pid. Two of them running at once must not be one client to the
+// server: a second `lockctl run` of a lock would be handed the first one's
+// grant.
+func (e *env) sessionClientID() string {
+	if e.g.clientID != "" {
+		return e.g.clientID
+	}
+	return limitID(userAtHost() + ":" + strconv.Itoa(os.Getpid()))
+}
+
+// userAtHost is "user@host" for the user running lockctl (by name, else
+// by uid) on this host, at most 128 bytes.
+func userAtHost() string {
+	name := ""
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	if name == "" {
+		name = os.Getenv("USER")
+	}
+	if name == "" {
+		name = strconv.Itoa(os.Getuid())
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	return limitID(name + "@" + host)
+}
+
+// limitID keeps an ID within lockd's 128 bytes and printable ASCII
+// (a user or host name with a control character would be refused).
+func limitID(id string) string {
+	id = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return '_'
+		}
+		return r
+	}, id)
+	if len(id) > api.MaxClientID {
+		id = strings.ToValidUTF8(id[len(id)-api.MaxClientID:], "")
+	}
+	return id
 }
 
 func (e *env) api() (*client.API, error) {
+	return e.apiFor("")
+}
+
+// apiFor builds the API client; what, when set, names the command's
+// object in the line it prints on stderr while it waits for a leader.
+func (e *env) apiFor(what string) (*client.API, error) {
 	tc, err := e.tlsConfig()
 	if err != nil {
 		return nil, err
 	}
-	return client.NewAPI(client.APIConfig{Endpoints: e.endpoints(), TLSConfig: tc, Token: e.g.token})
+	cfg := client.APIConfig{Endpoints: e.endpoints(), TLSConfig: tc, Token: e.g.token}
+	if what != "" {
+		cfg.OnRetry = e.waitingNote(what)
+	}
+	return client.NewAPI(cfg)
 }

@@ -23,7 +23,11 @@ func exitCode(err error) int {
 		return exitNotAcquired
 	case errors.Is(err, client.ErrNotHolder), errors.Is(err, client.ErrSessionExpired):
 		return exitNotHolder
-	case errors.Is(err, client.ErrNoLeader), errors.Is(err, client.ErrHTTPSRequired):
+	case errors.Is(err, client.ErrCancelled):
+		return exitNotAcquired
+	case errors.Is(err, client.ErrNoLeader), errors.Is(err, client.ErrHTTPSRequired), errors.Is(err, client.ErrOverloaded),
+		errors.Is(err, context.DeadlineExceeded):
+		// Also a request that had no answer within --timeout.
 		return exitNoLeader
 	}
 	var se *client.ServerError
@@ -37,6 +41,12 @@ func exitCode(err error) int {
 func (e *env) fail(err error, what string) int {
 	fmt.Fprintf(e.stderr, "lockctl: %s\n", safe(e.describe(err, what)))
 	return exitCode(err)
+}
+
+// note prints a line of prose on stderr (lockctl: ...), its echoed names
+// and messages escaped (SPEC 21; see safe).
+func (e *env) note(format string, args ...any) {
+	fmt.Fprintf(e.stderr, "lockctl: %s\n", safe(fmt.Sprintf(format, args...)))
 }
 
 // describe words an error for a person: the cause first, details after.
@@ -60,18 +70,19 @@ func (e *env) describe(err error, what string) string {
 	case errors.Is(err, client.ErrHTTPSRequired):
 		where := strings.TrimSuffix(err.Error(), ": "+client.ErrHTTPSRequired.Error())
 		return fmt.Sprintf("%s: this member speaks HTTPS: use https:// endpoints, and --cacert with the members' CA (%s)", what, where)
+	case errors.Is(err, client.ErrUnreachable):
+		detail := strings.TrimPrefix(err.Error(), client.ErrUnreachable.Error()+": ")
+		return fmt.Sprintf("%s: cannot reach the cluster: every endpoint (%s) refused: %s%s", what, e.g.endpoints, detail, connHint(detail))
+	case errors.Is(err, client.ErrOverloaded):
+		return fmt.Sprintf("%s: the cluster is overloaded: it refused the request until --timeout (%v) ran out; try again later%s", what, e.g.timeout, msg)
+	case errors.Is(err, client.ErrCancelled):
+		return fmt.Sprintf("%s: the wait was withdrawn by a cancel of client %s (another lockctl with the same --client-id that gave up?)", what, e.clientID())
 	case errors.Is(err, client.ErrNoLeader):
 		detail := strings.TrimPrefix(err.Error(), client.ErrNoLeader.Error()+": ")
 		if se != nil && se.API.Message != "" {
 			detail = se.API.Message
 		}
-		hint := ""
-		if strings.Contains(detail, "x509:") || strings.Contains(detail, "tls:") {
-			hint = " (a TLS failure: check --cacert, --cert and --key)"
-		} else if strings.Contains(detail, "server gave HTTP response to HTTPS client") || strings.Contains(detail, "malformed HTTP response") {
-			hint = " (an http/https mismatch: check the endpoints' scheme)"
-		}
-		return fmt.Sprintf("%s: no leader (tried %s for %v): %s%s", what, e.g.endpoints, e.g.timeout, detail, hint)
+		return fmt.Sprintf("%s: no leader (tried %s for %v): %s%s", what, e.g.endpoints, e.g.timeout, detail, connHint(detail))
 	case errors.Is(err, client.ErrLockHeld):
 		if l := blockingLock(se, what); l != "" {
 			return fmt.Sprintf("%s: lock %s held by %s (nothing was taken)", what, l, holderOf(se))
@@ -88,14 +99,63 @@ func (e *env) describe(err error, what string) string {
 		return fmt.Sprintf("%s: resource exhausted: a quota of the cluster is used up%s", what, msg)
 	case errors.Is(err, client.ErrNotHolder):
 		return fmt.Sprintf("%s: not the holder: client %s does not hold it with that token", what, e.clientID())
+	case errors.Is(err, context.Canceled):
+		return fmt.Sprintf("%s: interrupted (%v)", what, err)
 	case errors.Is(err, client.ErrSessionExpired):
 		return fmt.Sprintf("%s: session expired or unknown%s", what, msg)
 	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Sprintf("%s: timed out after %v (%v)", what, e.g.timeout, err)
+		return fmt.Sprintf("%s: no answer from the leader in time (--timeout %v): %v", what, e.g.timeout, err)
 	case se != nil:
 		return fmt.Sprintf("%s: %s%s", what, se.API.Code, msg)
 	}
 	return fmt.Sprintf("%s: %v", what, err)
+}
+
+// connHint says what a connection failure's text points to.
+func connHint(detail string) string {
+	switch {
+	case strings.Contains(detail, "x509:") || strings.Contains(detail, "tls:"):
+		return " (a TLS failure: check --cacert, --cert and --key)"
+	case strings.Contains(detail, "server gave HTTP response to HTTPS client") || strings.Contains(detail, "malformed HTTP response"):
+		return " (an http/https mismatch: check the endpoints' scheme)"
+	case strings.Contains(detail, "connection refused"):
+		return " (is lockd running there? check --endpoints or LOCKD_ENDPOINTS)"
+	}
+	return ""
+}
+
+// waitingNote returns what lockctl prints on stderr while a call retries
+// for want of a leader: one line when it starts waiting, and one whenever
+// what it waits for changes (no leader, an overloaded cluster, no member
+// answering), so that a person knows it is not stuck.
+func (e *env) waitingNote(what string) func(error) {
+	last := ""
+	return func(err error) {
+		cause := waitCause(err)
+		if cause == last {
+			return
+		}
+		last = cause
+		until := ""
+		if !e.deadline.IsZero() {
+			until = " until " + e.deadline.Format("15:04:05")
+		}
+		e.note("%s: %s (%v); retrying%s", what, cause, err, until)
+	}
+}
+
+// waitCause words why a call retries.
+func waitCause(err error) string {
+	var se *client.ServerError
+	switch {
+	case errors.Is(err, client.ErrOverloaded):
+		return "the cluster is overloaded"
+	case errors.As(err, &se):
+		return "no leader (an election may be under way)"
+	case strings.Contains(err.Error(), "EOF") || strings.Contains(err.Error(), "connection reset"):
+		return "the connection to the member was lost (a failover?)"
+	}
+	return "no member answers"
 }
 
 // blockingLock is the lock a refused multi-lock names, "" when what
@@ -144,7 +204,9 @@ func orDash(s string) string {
 }
 
 func (e *env) ctx(parent context.Context, extra time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(parent, e.g.timeout+extra)
+	ctx, cancel := context.WithTimeout(parent, e.g.timeout+extra)
+	e.deadline, _ = ctx.Deadline()
+	return ctx, cancel
 }
 
 func apiError(code, msg string) api.Error { return api.Error{Code: code, Message: msg} }

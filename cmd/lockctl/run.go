@@ -41,7 +41,10 @@ NAME,NAME holds several locks, taken in one step or none (a multi-lock);
 the variables are then comma-separated lists in name order, and losing any
 of the locks counts as losing the lock. The lock-kind flags are acquire's.
 
-Signals to lockctl (INT, TERM, HUP, QUIT, USR1, USR2) are passed on to CMD.
+A wait for the lock rides through a failover (the session is resumed on
+the new leader, the acquire keeps its place); a signal before the lock is
+taken withdraws the wait (exit 128+N). Once CMD runs, signals to lockctl
+(INT, TERM, HUP, QUIT, USR1, USR2) are passed on to CMD.
 If the lock is lost (the client's conservative local lease runs out, or the
 server ends the lock or the session), CMD's group gets SIGTERM at once and
 SIGKILL after --grace, and lockctl exits 3. Otherwise lockctl releases the
@@ -125,8 +128,13 @@ func (e *env) run(ctx context.Context, names, argv []string, f runFlags) int {
 	resCh := make(chan result, 1)
 	actx, cancel := context.WithTimeout(ctx, e.g.timeout+f.wait)
 	defer cancel()
+	what := "lock " + name
+	if len(names) > 1 {
+		what = "locks " + name
+	}
+	e.deadline, _ = actx.Deadline()
 	go func() {
-		c, ls, err := e.runAcquire(actx, tc, names, f.ttl, f.wait, f.sessionTTL, f.kf.options())
+		c, ls, err := e.runAcquire(actx, tc, names, f.ttl, f.wait, f.sessionTTL, f.kf.options(), what)
 		resCh <- result{c, ls, err}
 	}()
 	var r result
@@ -138,12 +146,10 @@ func (e *env) run(ctx context.Context, names, argv []string, f runFlags) int {
 		if r.c != nil {
 			_ = r.c.Close()
 		}
-		fmt.Fprintf(e.stderr, "lockctl: lock %s: interrupted by %v before the lock was taken\n", safe(name), s)
+		// The client withdrew the wait as the acquire's ctx ended, and
+		// Close ends the session (and any grant that raced the withdrawal).
+		e.note("%s: interrupted by %s before the lock was taken; the wait was withdrawn", what, sigName(s))
 		return 128 + int(s.(syscall.Signal))
-	}
-	what := "lock " + name
-	if len(names) > 1 {
-		what = "locks " + name
 	}
 	if r.err != nil {
 		if r.c != nil {
@@ -227,9 +233,9 @@ wait:
 }
 
 // runAcquire opens the session and takes the lock(s).
-func (e *env) runAcquire(ctx context.Context, tc *tls.Config, names []string, ttl, wait, sessionTTL time.Duration, opts []client.AcquireOption) (*client.Client, []*client.Lock, error) {
-	c, err := client.New(ctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL, Logger: e.logger(), DialTimeout: -1, // ctx bounds it (--timeout)
-		TLSConfig: tc, Token: e.g.token})
+func (e *env) runAcquire(ctx context.Context, tc *tls.Config, names []string, ttl, wait, sessionTTL time.Duration, opts []client.AcquireOption, what string) (*client.Client, []*client.Lock, error) {
+	c, err := client.New(ctx, client.Config{Endpoints: e.endpoints(), ClientID: e.sessionClientID(), SessionTTL: sessionTTL, Logger: e.logger(), DialTimeout: -1, // ctx bounds it (--timeout)
+		TLSConfig: tc, Token: e.g.token, OnRetry: e.waitingNote(what)})
 	if err != nil {
 		return nil, nil, err
 	}

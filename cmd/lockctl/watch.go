@@ -19,8 +19,12 @@ import (
 	"github.com/lockd/lockd/client"
 )
 
-// stopSignals end watch and elect (exit 0).
+// stopSignals end watch and elect (exit 0), and an acquire's wait.
 var stopSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM}
+
+// closeTimeout bounds the clean-up of watch's and elect's session on the
+// server when they stop.
+const closeTimeout = 700 * time.Millisecond
 
 // watchEvent is a watch's -o json line: the WebSocket changed frame's
 // fields, and resync when the status was read again after a reconnect or
@@ -78,8 +82,11 @@ func (e *env) openClient(ctx context.Context, sessionTTL time.Duration, what str
 	}
 	cctx, cancel := e.ctx(ctx, 0)
 	defer cancel()
-	c, err = client.New(cctx, client.Config{Endpoints: e.endpoints(), ClientID: e.clientID(), SessionTTL: sessionTTL, DialTimeout: -1, // ctx bounds it (--timeout)
-		Logger: e.logger(), TLSConfig: tc, Token: e.g.token})
+	c, err = client.New(cctx, client.Config{Endpoints: e.endpoints(), ClientID: e.sessionClientID(), SessionTTL: sessionTTL, DialTimeout: -1, // ctx bounds it (--timeout)
+		Logger: e.logger(), TLSConfig: tc, Token: e.g.token, OnRetry: e.waitingNote(what),
+		// Stopped by a signal, lockctl is done within a second: the
+		// session's deletion gets that long, else it ends by its TTL.
+		CloseTimeout: closeTimeout})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, exitOK // stopped while connecting
@@ -99,10 +106,12 @@ under P (first those held, awaited or delayed now), as it commits: one line
 per change — lock, index, held or free, holder, token, mode, waiters, value
 (-o json: one object a line: lock, index, status). A state read again after
 a reconnect, into which changes made meanwhile may be folded, ends in
-"resync" (JSON "resync": true). Follows leader changes; runs until SIGINT
-or SIGTERM (exit 0). It holds no lock: a token with read access to the lock or
-prefix is enough (its connection then carries no session; with a lock token
-it opens one, which holds nothing).`,
+"resync" (JSON "resync": true). Follows leader changes, and says on stderr
+when it is disconnected from the cluster and when it is back (with how many
+locks changed meanwhile). Runs until SIGINT or SIGTERM (exit 0, within a
+second). It holds no lock: a token with read access to the lock or prefix
+is enough (its connection then carries no session; with a lock token it
+opens one, which holds nothing).`,
 		Example: `  lockctl watch jobs/nightly
   lockctl watch --prefix jobs/ -o json`,
 		Args: func(c *cobra.Command, args []string) error {
@@ -138,9 +147,9 @@ func (e *env) watch(ctx context.Context, pos []string, prefixSet bool, prefix st
 	var ch <-chan client.WatchEvent
 	if prefixSet {
 		what = fmt.Sprintf("watch --prefix %q", prefix)
-		ch, err = c.WatchPrefix(ctx, prefix)
+		ch, err = c.WatchPrefix(ctx, prefix, client.WithConnEvents())
 	} else {
-		ch, err = c.Watch(ctx, pos[0])
+		ch, err = c.Watch(ctx, pos[0], client.WithConnEvents())
 	}
 	if err != nil {
 		if ctx.Err() != nil {
@@ -149,9 +158,28 @@ func (e *env) watch(ctx context.Context, pos []string, prefixSet bool, prefix st
 		return e.fail(err, what)
 	}
 	for ev := range ch {
+		if ev.Conn != nil {
+			e.connLine(what, ev.Conn)
+			continue
+		}
 		e.printLine(watchEvent{Lock: ev.Lock, Index: ev.Index, Status: ev.Status, Resync: ev.Resync}, watchLine(ev))
 	}
 	return exitOK // ctx ended: a signal
+}
+
+// connLine tells on stderr that a watch lost its connection, or has it
+// again: without it, a quiet watch could be either no change or no
+// cluster.
+func (e *env) connLine(what string, ce *client.ConnEvent) {
+	if !ce.Connected {
+		e.note("%s: disconnected from the cluster (%v); reconnecting, no changes are shown meanwhile", what, ce.Err)
+		return
+	}
+	changes := "changes"
+	if ce.CaughtUp == 1 {
+		changes = "change"
+	}
+	e.note("%s: re-established on %s; caught up %d %s made meanwhile", what, ce.Leader, ce.CaughtUp, changes)
 }
 
 // leaderLine is elect's -o json line.
@@ -182,9 +210,10 @@ func (e *env) electCmd() *cobra.Command {
 		Long: `elect NAME VALUE campaigns in election NAME (a lock: candidates queue in
 order); once elected it prints VALUE (-o json: lock, value, client_id,
 fencing_token) and leads until SIGINT or SIGTERM, then resigns (the next
-candidate leads at once) and exits 0. If the leadership is lost (the session
-expired, the lock was revoked) it exits 3; a session lost while campaigning
-campaigns again. --session-ttl: how long the cluster keeps the leadership of
+candidate leads at once) and exits 0; stopped before it was elected, it
+withdraws its candidacy. If the leadership is lost (the session expired, the
+lock was revoked) it exits 3; a session lost while campaigning campaigns
+again. --session-ttl: how long the cluster keeps the leadership of
 a lockctl that stopped answering.
 
 elect NAME --listen never campaigns: it prints the current leader's value,

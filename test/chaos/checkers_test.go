@@ -79,6 +79,10 @@ type Report struct {
 	WatchesSynced    int // watches whose synced frame came
 	SyncedFrames     int // frames after a synced frame, checked to be above it
 	PicturesCompared int // (synced watch, lock) pairs whose picture was compared with every other observation
+	// Withdrawn waits (cancel_checkers_test.go).
+	Withdrawn        int // cancels that withdrew a wait
+	WithdrawnChecked int // statuses of withdrawn waiters' locks shown after their cancel, checked for the waiter
+	WithdrawnRounds  int // cancel rounds whose waiting request's answer was checked
 	LinPartitions    int
 	LinOps           int
 	LinResult        porcupine.CheckResult
@@ -322,6 +326,7 @@ func Check(h History, opts CheckOptions) *Report {
 	checkKindsLiveness(h, gs, r, v)
 	checkElections(fwd, r, v)
 	checkRetriedWaits(eh, r, v)
+	checkCancels(h, gs, r, v)
 	r.Violations, r.Counts = v.list, v.count
 	return r
 }

@@ -76,6 +76,10 @@ const (
 	// quiesced: every member agreed on it at one applied index (Index: the
 	// lock's; absent locks were free).
 	KindFinal OpKind = "final"
+	// KindCancel withdraws ClientID's queued wait on Lock (or a
+	// multi-acquire's, on Locks): POST .../cancel, POST /api/v1/cancel or
+	// the WebSocket op (SPEC 18). Withdrawn is the reply's "cancelled".
+	KindCancel OpKind = "cancel"
 )
 
 // Outcome is what the client learned.
@@ -182,6 +186,8 @@ type Op struct {
 	Prefix  string `json:"prefix,omitempty"`
 	// Resync: a Go-client watch event read again rather than pushed.
 	Resync bool `json:"resync,omitempty"`
+	// Withdrawn: a cancel's reply said a queued wait was withdrawn.
+	Withdrawn bool `json:"withdrawn,omitempty"`
 }
 
 // GrantRec is one grant of a multi-acquire's reply.
@@ -326,6 +332,9 @@ func (o Op) String() string {
 	}
 	if o.Kind == KindRevoke && o.Outcome == Ok {
 		s += fmt.Sprintf(" revoked %v", o.Revoked)
+	}
+	if o.Kind == KindCancel && o.Outcome == Ok {
+		s += fmt.Sprintf(" cancelled %v", o.Withdrawn)
 	}
 	if o.observed() && o.Value != "" {
 		s += fmt.Sprintf(" value %q", o.Value)

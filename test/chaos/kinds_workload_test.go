@@ -728,7 +728,7 @@ func (c *kwsClient) request(ctx context.Context, req api.WSRequest, timeout time
 			return m, Unknown, "unexpected", false
 		}
 		switch code := m.Error.Code; code {
-		case api.CodeLockHeld, api.CodeWaitTimeout, api.CodeNotHolder, api.CodeLimitMismatch:
+		case api.CodeLockHeld, api.CodeWaitTimeout, api.CodeNotHolder, api.CodeLimitMismatch, api.CodeCancelled:
 			return m, Fail, code, false
 		default:
 			return m, Unknown, code, false
@@ -740,10 +740,15 @@ func (c *kwsClient) request(ctx context.Context, req api.WSRequest, timeout time
 // acquire sends one acquire (a multi-acquire when locks is not empty) and
 // records it.
 func (c *kwsClient) acquire(run context.Context, lock string, locks []string, ttl, wait time.Duration, ko kindOpts) Op {
+	return c.acquireTag(run, lock, locks, ttl, wait, ko, "")
+}
+
+// acquireTag is acquire with a tag on the recorded op.
+func (c *kwsClient) acquireTag(run context.Context, lock string, locks []string, ttl, wait time.Duration, ko kindOpts, tag string) Op {
 	ttlMs, waitMs := ttl.Milliseconds(), wait.Milliseconds()
 	req := api.WSRequest{Op: api.OpAcquire, TTLms: &ttlMs, WaitTimeoutMs: &waitMs, Mode: ko.Mode}
 	op := Op{Worker: c.worker, Via: "ws", Kind: KindAcquire, Lock: lock, ClientID: c.cid, Attempt: c.w.rec.NewAttempt(),
-		TTLms: ttlMs, WaitMs: waitMs, Mode: ko.Mode, Limit: ko.Limit, DelayMs: ko.DelayMs}
+		TTLms: ttlMs, WaitMs: waitMs, Mode: ko.Mode, Limit: ko.Limit, DelayMs: ko.DelayMs, Tag: tag}
 	if len(locks) > 0 {
 		op.Kind, op.Lock, op.Locks, req.Locks = KindMulti, "", sortedNames(locks), locks
 	} else {

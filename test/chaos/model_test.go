@@ -150,9 +150,10 @@ func apply(p lockState, op Op) []lockState {
 				return nil
 			}
 			return []lockState{p}
-		case definite && op.Code == "wait_timeout":
-			// The wait ended ungranted: at that moment the client was a
-			// waiter, not the holder.
+		case definite && (op.Code == "wait_timeout" || op.Code == "cancelled"):
+			// The wait ended ungranted (timed out, or withdrawn by a
+			// cancel): at that moment the client was a waiter, not the
+			// holder.
 			if p.Held && p.Client == op.ClientID {
 				return nil
 			}
@@ -278,7 +279,7 @@ func modelOutcome(op Op) (Outcome, bool) {
 	switch {
 	case op.Outcome == Ok, op.Outcome == Unknown:
 		return op.Outcome, true
-	case op.Code == "lock_held", op.Code == "wait_timeout", op.Code == "not_holder", op.Code == "limit_mismatch":
+	case op.Code == "lock_held", op.Code == "wait_timeout", op.Code == "not_holder", op.Code == "limit_mismatch", op.Code == "cancelled":
 		return Fail, true
 	case op.Code == "":
 		return Fail, false

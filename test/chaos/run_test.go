@@ -52,7 +52,7 @@ func TestChaos(t *testing.T) {
 			RestoreRounds: 5,
 			Workload: WorkloadOptions{HTTPWorkers: 5, ClientWorkers: 2, Readers: 2, FIFO: true, Keeper: true,
 				Hasty: 2, Cancellers: 1, Scenarios: true, Probe: true,
-				KindsHTTP: 2, KindsWS: 2, DelayRounds: true, Revoker: true,
+				KindsHTTP: 2, KindsWS: 2, DelayRounds: true, Revoker: true, Withdraw: true,
 				ElectWS: 2, ElectHTTP: 1, ElectClient: 1, PrefixWatchers: 2, LockWatchers: 1, Blockers: 2, ClientObserver: true,
 				WSRetry: 2, Churners: 2, ChurnWatchers: 2}}
 		t.Run(fmt.Sprintf("members=%d", members), func(t *testing.T) { runChaos(t, cfg) })
@@ -60,7 +60,7 @@ func TestChaos(t *testing.T) {
 	}
 	small := WorkloadOptions{HTTPWorkers: 3, ClientWorkers: 1, Readers: 2, FIFO: true, Keeper: true,
 		Hasty: 1, Cancellers: 1, Scenarios: true, Probe: true,
-		KindsHTTP: 1, KindsWS: 1, DelayRounds: true, Revoker: true,
+		KindsHTTP: 1, KindsWS: 1, DelayRounds: true, Revoker: true, Withdraw: true,
 		ElectWS: 1, ElectHTTP: 1, ElectClient: 1, PrefixWatchers: 1, LockWatchers: 1, Blockers: 1, ClientObserver: true,
 		WSRetry: 1, Churners: 2, ChurnWatchers: 1}
 	t.Run("members=3", func(t *testing.T) {
@@ -277,7 +277,7 @@ func summarize(cfg runConfig, h History, rep *Report, nem *Nemesis, c *Cluster, 
 		via[op.Via]++
 	}
 	fmt.Fprintf(&b, "operations: %d (http %d, go client %d, websocket %d, nemesis %d)\n", len(h.Ops), via["http"], via["client"], via["ws"], via["nemesis"])
-	for _, k := range []OpKind{KindAcquire, KindMulti, KindRelease, KindRenew, KindRevoke, KindValue, KindRead, KindFence, KindKeepalive, KindLost,
+	for _, k := range []OpKind{KindAcquire, KindMulti, KindCancel, KindRelease, KindRenew, KindRevoke, KindValue, KindRead, KindFence, KindKeepalive, KindLost,
 		KindWatch, KindUnwatch, KindChanged, KindSynced, KindResync, KindFinal, KindWSClosed, KindMemberAdd, KindMemberExit, KindMemberPanic} {
 		if c := byKind[k]; c != nil {
 			fmt.Fprintf(&b, "  %-12s ok %7d  refused %7d  unknown %6d\n", k, c.ok, c.fail, c.unknown)
@@ -285,6 +285,7 @@ func summarize(cfg runConfig, h History, rep *Report, nem *Nemesis, c *Cluster, 
 	}
 	b.WriteString(kindsSummary(h, rep))
 	b.WriteString(electSummary(h, rep))
+	b.WriteString(cancelSummary(rep))
 	fmt.Fprintf(&b, "grants: %d acknowledged, %d with a non-empty safe interval checked for overlap; %d real-time token pairs ordered; %d releases acknowledged\n",
 		rep.Grants, rep.Intervals, rep.OrderedPairs, rep.ReleasesAcked)
 	fmt.Fprintf(&b, "fifo: %d rounds with waiters proven queued together, %d ordered pairs checked\n", rep.FIFORounds, rep.FIFOPairs)

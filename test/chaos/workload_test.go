@@ -47,6 +47,9 @@ type WorkloadOptions struct {
 	// and then.
 	KindsHTTP, KindsWS   int
 	DelayRounds, Revoker bool
+	// Withdraw plays cancel rounds (cancel_workload_test.go): waits over
+	// HTTP and WebSocket, single and multi-acquires, withdrawn by a cancel.
+	Withdraw bool
 	// Elections and watches (elect_workload_test.go): candidates over raw
 	// WebSocket (leadership bound to the session, or to a TTL), raw HTTP
 	// (a TTL) and the Go client (Election); observers: raw WebSocket
@@ -196,6 +199,9 @@ func (w *Workload) Run(ctx context.Context) {
 	for i := 0; i < w.opts.ChurnWatchers; i++ {
 		id := i
 		spawn(func(ctx context.Context, rng *rand.Rand) { w.churnWatcher(ctx, id, rng) }, uint64(2300+i))
+	}
+	if w.opts.Withdraw {
+		spawn(w.wdRounds, 1400)
 	}
 	w.startElections(ctx, spawn)
 	wg.Wait()

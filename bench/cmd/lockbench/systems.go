@@ -290,37 +290,63 @@ type httpErr struct {
 }
 
 // post sends body to the lock operation op and follows leader redirects.
+// A 503 (no_leader, or overloaded: the member refused the work before
+// proposing anything) is waited out — its Retry-After, or a short backoff —
+// and sent again, as the Go client does (SPEC 15).
 func (w *lockdHTTPWorker) post(ctx context.Context, name, op string, body []byte) (*httpErr, int, error) {
+	backoff := 20 * time.Millisecond
+	for {
+		r, st, retryAfter, err := w.postOnce(ctx, name, op, body)
+		if err != nil || st != http.StatusServiceUnavailable {
+			return r, st, err
+		}
+		wait := max(retryAfter, backoff)
+		backoff = min(2*backoff, time.Second)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return r, st, nil
+		case <-t.C:
+		}
+	}
+}
+
+func (w *lockdHTTPWorker) postOnce(ctx context.Context, name, op string, body []byte) (*httpErr, int, time.Duration, error) {
 	for hops := 0; hops < 5; hops++ {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost,
 			w.base+"/api/v1/locks/"+url.PathEscape(name)+"/"+op, bytes.NewReader(body))
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := w.hc.Do(req)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		b, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		if resp.StatusCode == http.StatusTemporaryRedirect {
 			if l := resp.Header.Get("X-Lockd-Leader"); l != "" {
 				w.base = l
 				continue
 			}
-			return nil, resp.StatusCode, errors.New("redirect without X-Lockd-Leader")
+			return nil, resp.StatusCode, 0, errors.New("redirect without X-Lockd-Leader")
+		}
+		var retryAfter time.Duration
+		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+			retryAfter = time.Duration(s) * time.Second
 		}
 		var r httpErr
 		if err := json.Unmarshal(b, &r); err != nil {
-			return nil, resp.StatusCode, fmt.Errorf("status %d: %s", resp.StatusCode, b)
+			return nil, resp.StatusCode, retryAfter, fmt.Errorf("status %d: %s", resp.StatusCode, b)
 		}
-		return &r, resp.StatusCode, nil
+		return &r, resp.StatusCode, retryAfter, nil
 	}
-	return nil, 0, errors.New("too many redirects")
+	return nil, 0, 0, errors.New("too many redirects")
 }
 
 func (w *lockdHTTPWorker) lock(ctx context.Context, name string) error {
