@@ -45,6 +45,8 @@ func main() {
 			os.Exit(etcdMemberMain(os.Args[2:]))
 		case "scale":
 			os.Exit(scaleMain(os.Args[2:]))
+		case "overload":
+			os.Exit(overloadMain(os.Args[2:]))
 		case "disk":
 			os.Exit(diskMain(os.Args[2:]))
 		case "run":
