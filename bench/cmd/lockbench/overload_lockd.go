@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -30,7 +32,7 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 	}
 	ready := time.Now()
 	ref := &leaderRef{lc: lc, m: leader, at: ready}
-	mon := startMonitor(ctx, lockdProber(lc), o.sample)
+	mon := startMonitor(ctx, lockdProber(lc, true), o.sample)
 	monDone := false
 	finishMon := func() {
 		if !monDone {
@@ -508,9 +510,12 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// lockdProber reads every member: RSS from /proc, and term, commit index,
-// Go heap and leadership from its /metrics.
-func lockdProber(lc *lockdCluster) prober {
+// lockdProber reads every member: RSS from /proc; term, commit index and
+// Raft state from /api/v1/status (served locally, cheap); with heap, the Go
+// heap from /metrics (whose scrape also counts the lock table under the
+// lock Apply takes: leave it off where the table is large).
+func lockdProber(lc *lockdCluster, heap bool) prober {
+	hc := &http.Client{Timeout: 2 * time.Second}
 	return func(ctx context.Context) []memberSample {
 		out := make([]memberSample, len(lc.members))
 		var wg sync.WaitGroup
@@ -523,17 +528,15 @@ func lockdProber(lc *lockdCluster) prober {
 					rss, _ := memKB(p.pid())
 					s.RSSMiB = float64(rss) / 1024
 				}
-				for _, x := range scrape(ctx, m.httpURL) {
+				if st, err := nodeStatus(ctx, hc, m.httpURL); err == nil {
 					s.OK = true
-					switch x.name {
-					case "lockd_raft_term":
-						s.Term = uint64(x.value)
-					case "lockd_raft_commit_index":
-						s.Commit = uint64(x.value)
-					case "go_memstats_heap_inuse_bytes":
-						s.HeapMiB = x.value / (1 << 20)
-					case "lockd_is_leader":
-						s.Leader = x.value == 1
+					s.Term, s.Commit, s.Leader = st.Term, st.CommitIndex, st.State == "Leader"
+				}
+				if heap {
+					for _, x := range scrape(ctx, m.httpURL) {
+						if x.name == "go_memstats_heap_inuse_bytes" {
+							s.HeapMiB = x.value / (1 << 20)
+						}
 					}
 				}
 				out[i] = s
@@ -542,4 +545,22 @@ func lockdProber(lc *lockdCluster) prober {
 		wg.Wait()
 		return out
 	}
+}
+
+// nodeStatus reads a member's own view (GET /api/v1/status).
+func nodeStatus(ctx context.Context, hc *http.Client, base string) (api.NodeStatus, error) {
+	var st api.NodeStatus
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/status", nil)
+	if err != nil {
+		return st, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("status: %s", resp.Status)
+	}
+	return st, json.NewDecoder(resp.Body).Decode(&st)
 }

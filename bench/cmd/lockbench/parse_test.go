@@ -273,3 +273,27 @@ func TestCompactPerf(t *testing.T) {
 		t.Errorf("compactPerf = %q, want %q", got, want)
 	}
 }
+
+func TestLeaderEventsInLogLines(t *testing.T) {
+	for name, lines := range map[string][]string{
+		"hclog": {
+			`2026-11-29T09:21:36.100Z [WARN]  raft.n2: heartbeat timeout reached, starting election: last-leader-addr=127.0.0.1:21001 last-leader-id=n3`,
+			`2026-11-29T09:21:36.902Z [INFO]  raft.n2: entering leader state: leader="Node at 127.0.0.1:21002 [Leader]"`,
+			`time=2026-11-29T09:21:37.413Z level=INFO msg="became leader" id=n2 term=3 ready_after=511ms`,
+		},
+		"slog": {
+			`time=2026-11-29T09:21:36.902Z level=INFO msg="entering leader state" component=raft leader="Node at 127.0.0.1:21002 [Leader]"`,
+			`time=2026-11-29T09:21:37.413Z level=INFO msg="became leader" id=n2 term=3 ready_after=511ms`,
+			`time=2026-11-29T09:21:39.000Z level=INFO msg="became leader" id=n2 term=4 ready_after=9s`,
+		},
+	} {
+		entered, became, ready := leaderEvents(lines)
+		want := time.Date(2026, 11, 29, 9, 21, 36, 902_000_000, time.UTC)
+		if !entered.Equal(want) || !became.Equal(want.Add(511*time.Millisecond)) || ready != "511ms" {
+			t.Errorf("%s: entered %v, became %v, ready %q", name, entered, became, ready)
+		}
+	}
+	if e, b, r := leaderEvents([]string{`2026-11-29T09:21:36.100Z [INFO]  raft.n2: entering candidate state: node="Node at x [Candidate]" term=3`}); !e.IsZero() || !b.IsZero() || r != "" {
+		t.Errorf("a candidate line read as leadership: %v %v %q", e, b, r)
+	}
+}
