@@ -286,8 +286,15 @@ func (bc *burstConn) reconnects(ctx context.Context) {
 	}
 }
 
-// resend sends every unanswered wait again on a new connection.
+// resend sends every unanswered wait again on a new connection. It runs
+// as the session's onReconnect, so it only starts the sending: the writes
+// may wait on the server, and the session's other users (its keepalives)
+// must not wait behind them.
 func (bc *burstConn) resend(c *wsConn) {
+	go bc.resendAll(c)
+}
+
+func (bc *burstConn) resendAll(c *wsConn) {
 	for i := range bc.state {
 		if bc.state[i].Load() != waitSent {
 			continue
