@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -450,7 +451,7 @@ var overloadRows = []overloadRow{
 		return fmt.Sprintf("%.0f / %.0f / %.0f", r.Flood.Latency.P50, r.Flood.Latency.P99, r.Flood.Latency.Max)
 	}, nil},
 	{"elections during the run", "0", func(r *overloadResult) string {
-		return fmt.Sprintf("%d (terms started in the window: %d, leader changes seen: %d)", len(r.ElectionsLog), r.Monitor.TermsStarted, r.Monitor.LeaderChanges)
+		return fmt.Sprintf("%d (leaders elected per the logs: %d; terms started in the window: %d; leader changes seen: %d)", elections(r), len(r.ElectionsLog), r.Monitor.TermsStarted, r.Monitor.LeaderChanges)
 	}, func(r *overloadResult) *bool { return boolp(elections(r) == 0 && r.Monitor.LeaderChanges == 0) }},
 	{"sessions lost (keepalive-only)", "0", func(r *overloadResult) string {
 		return fmt.Sprintf("%d of %d", r.Sessions.Lost, r.Sessions.Sessions)
@@ -583,6 +584,22 @@ func writeOverloadMarkdown(w io.Writer, rep *overloadReport) {
 				fmt.Fprintf(w, "| %s | %s | %d | %s (%d) | %s | %d |\n", s.Role, fmtCounts(s.Codes), s.Retries, ra, s.RetryAfter.Missing, fmtCounts(s.Cuts), s.Reconnects)
 			}
 			fmt.Fprintln(w)
+			msgs := map[string]string{}
+			for _, s := range r.Roles {
+				for k, v := range s.Messages {
+					if _, ok := msgs[k]; !ok {
+						msgs[k] = v
+					}
+				}
+			}
+			if len(msgs) > 0 {
+				codes := slices.Sorted(maps.Keys(msgs))
+				fmt.Fprintf(w, "%s, first message of each error code:", r.System)
+				for _, k := range codes {
+					fmt.Fprintf(w, " %s: %q;", k, msgs[k])
+				}
+				fmt.Fprint(w, "\n\n")
+			}
 		}
 		if len(r.ElectionsLog) > 0 {
 			fmt.Fprintf(w, "%s elections after start-up (from the members' logs):", r.System)

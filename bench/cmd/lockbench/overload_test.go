@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -631,7 +633,10 @@ func TestHolderCountsLateAcksAndLosses(t *testing.T) {
 		}
 	})
 	st, tally := newRoleStats(), newHolderTally()
-	h := &lockdHolder{lock: "h", ttl: 300 * time.Millisecond, t: tally}
+	// The server's expiries decide lateness; the holder's own TTL (2 s)
+	// only decides whether the bench sent a renew late, which a renew
+	// every 100 ms is not, even on a loaded machine.
+	h := &lockdHolder{lock: "h", ttl: 2 * time.Second, t: tally}
 	h.s = &wsSession{ref: f.ref(), clientID: "h", ttlMs: 15000, st: st, onPush: h.push}
 	defer h.s.close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -658,4 +663,26 @@ func TestHolderCountsLateAcksAndLosses(t *testing.T) {
 	}
 	rcancel()
 	<-done
+}
+
+func TestPostOKCarriesTheRefusal(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "2")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":{"code":"overloaded","message":"the cluster commits less than it is asked"}}`))
+	}))
+	defer srv.Close()
+	err := postOK(context.Background(), srv.Client(), srv.URL+"/api/v1/locks/x/acquire", []byte(`{}`))
+	var e *apiErr
+	if !errors.As(err, &e) || e.Code != api.CodeOverloaded || !e.HasRetryAfter || e.RetryAfter != 2*time.Second || !strings.Contains(e.Msg, "commits less") {
+		t.Fatalf("postOK: %v (%+v)", err, e)
+	}
+	// The loaders wait it out: a retry after this refusal comes 2 s later
+	// at the earliest.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	if retrying(ctx, t0, 0, err) {
+		t.Fatal("retried before the Retry-After had passed")
+	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"sort"
@@ -153,10 +154,11 @@ type roleStats struct {
 	retries    int64            // requests sent again after a refusal or a cut
 	cuts       map[string]int64 // connections the server ended, by how
 	reconnects int64
+	messages   map[string]string // the first message of each code
 }
 
 func newRoleStats() *roleStats {
-	return &roleStats{codes: map[string]int64{}, cuts: map[string]int64{}, retryAfter: msCounts{}}
+	return &roleStats{codes: map[string]int64{}, cuts: map[string]int64{}, retryAfter: msCounts{}, messages: map[string]string{}}
 }
 
 // refused records an error answer.
@@ -164,6 +166,9 @@ func (s *roleStats) refused(e *apiErr) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.codes[e.Code]++
+	if _, ok := s.messages[e.Code]; !ok {
+		s.messages[e.Code] = truncate(e.Msg, 200)
+	}
 	if e.HasRetryAfter {
 		s.retryAfter[e.RetryAfter.Milliseconds()]++
 	} else if e.Code == api.CodeOverloaded || e.Code == api.CodeResourceExhausted || e.Code == api.CodeNoLeader {
@@ -216,6 +221,8 @@ type roleSummary struct {
 	RetryAfter retryAfterSummary `json:"retry_after"`
 	Cuts       []codeCount       `json:"connections_cut"`
 	Reconnects int64             `json:"reconnects"`
+	// Messages: the first message the server gave with each code.
+	Messages map[string]string `json:"first_message_by_code,omitempty"`
 }
 
 func sortedCounts(m map[string]int64) []codeCount {
@@ -235,7 +242,8 @@ func sortedCounts(m map[string]int64) []codeCount {
 func (s *roleStats) summary(role string) roleSummary {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := roleSummary{Role: role, Codes: sortedCounts(s.codes), Retries: s.retries, Cuts: sortedCounts(s.cuts), Reconnects: s.reconnects}
+	r := roleSummary{Role: role, Codes: sortedCounts(s.codes), Retries: s.retries, Cuts: sortedCounts(s.cuts), Reconnects: s.reconnects,
+		Messages: maps.Clone(s.messages)}
 	r.RetryAfter = summarizeRetryAfter(s.retryAfter, s.noRetry)
 	return r
 }
@@ -271,7 +279,7 @@ func summarizeRetryAfter(c msCounts, missing int64) retryAfterSummary {
 // mergeRoles adds up the summaries of several roles (Retry-After merged
 // from their histograms).
 func mergeRoles(role string, ss ...*roleStats) roleSummary {
-	codes, cuts := map[string]int64{}, map[string]int64{}
+	codes, cuts, msgs := map[string]int64{}, map[string]int64{}, map[string]string{}
 	h := msCounts{}
 	var out roleSummary
 	var missing int64
@@ -283,6 +291,11 @@ func mergeRoles(role string, ss ...*roleStats) roleSummary {
 		for k, v := range s.cuts {
 			cuts[k] += v
 		}
+		for k, v := range s.messages {
+			if _, ok := msgs[k]; !ok {
+				msgs[k] = v
+			}
+		}
 		for v, n := range s.retryAfter {
 			h[v] += n
 		}
@@ -291,7 +304,7 @@ func mergeRoles(role string, ss ...*roleStats) roleSummary {
 		out.Reconnects += s.reconnects
 		s.mu.Unlock()
 	}
-	out.Role, out.Codes, out.Cuts = role, sortedCounts(codes), sortedCounts(cuts)
+	out.Role, out.Codes, out.Cuts, out.Messages = role, sortedCounts(codes), sortedCounts(cuts), msgs
 	out.RetryAfter = summarizeRetryAfter(h, missing)
 	return out
 }

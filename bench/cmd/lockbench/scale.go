@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -351,14 +352,18 @@ func (r *leaderRef) refresh(ctx context.Context) *lockdMember {
 // retryFor bounds how long one request keeps being retried.
 var retryFor = 3 * time.Minute
 
-// retrying reports whether a request first tried at t0 may be tried again
-// (try counts from 0), after a backoff.
-func retrying(ctx context.Context, t0 time.Time, try int) bool {
+// retrying reports whether a request first tried at t0 that failed with
+// err may be tried again (try counts from 0), after a backoff: the
+// Retry-After the server gave, else a linear one up to 1 s.
+func retrying(ctx context.Context, t0 time.Time, try int, err error) bool {
 	if ctx.Err() != nil || time.Since(t0) > retryFor {
 		return false
 	}
-	time.Sleep(min(time.Duration(try+1)*50*time.Millisecond, time.Second))
-	return true
+	var e *apiErr
+	if errors.As(err, &e) && e.HasRetryAfter {
+		return sleepCtx(ctx, backoffFor(e, try))
+	}
+	return sleepCtx(ctx, min(time.Duration(try+1)*50*time.Millisecond, time.Second))
 }
 
 // retry runs f until it succeeds or retrying gives up (returning f's last
@@ -374,7 +379,7 @@ func (r *leaderRef) retry(ctx context.Context, f func() error, onFail func(error
 		if onFail != nil {
 			onFail(err)
 		}
-		if !retrying(ctx, t0, try) {
+		if !retrying(ctx, t0, try, err) {
 			return err
 		}
 		r.refresh(ctx)
@@ -462,9 +467,21 @@ func postOK(ctx context.Context, hc *http.Client, url string, body []byte) error
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %d %s", url, resp.StatusCode, bytes.TrimSpace(b))
+		return fmt.Errorf("%s: %d %s: %w", url, resp.StatusCode, bytes.TrimSpace(b), httpAPIErr(resp, b))
 	}
 	return nil
+}
+
+// httpAPIErr reads an HTTP error answer: its code and message from the
+// body, its Retry-After from the header.
+func httpAPIErr(resp *http.Response, body []byte) *apiErr {
+	e := &apiErr{Code: fmt.Sprintf("http_%d", resp.StatusCode)}
+	var er api.ErrorReply
+	if json.Unmarshal(body, &er) == nil && er.Error.Code != "" {
+		e.Code, e.Msg = er.Error.Code, er.Error.Message
+	}
+	e.RetryAfter, e.HasRetryAfter = parseRetryAfterHeader(resp.Header.Get("Retry-After"), time.Now())
+	return e
 }
 
 // sweepPoint measures n sequential acquire+release cycles of one HTTP
@@ -705,11 +722,17 @@ func cycle(ctx context.Context, hc *http.Client, base, name, client string) (acq
 	if err != nil {
 		return 0, 0, err
 	}
-	var ar api.AcquireReply
-	err = json.NewDecoder(resp.Body).Decode(&ar)
+	b, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("acquire %s: status %d %v", name, resp.StatusCode, err)
+	if err != nil {
+		return 0, 0, fmt.Errorf("acquire %s: %w", name, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("acquire %s: status %d: %w", name, resp.StatusCode, httpAPIErr(resp, b))
+	}
+	var ar api.AcquireReply
+	if err := json.Unmarshal(b, &ar); err != nil {
+		return 0, 0, fmt.Errorf("acquire %s: %w", name, err)
 	}
 	a1 := time.Now()
 	err = postOK(ctx, hc, base+"/api/v1/locks/"+name+"/release",

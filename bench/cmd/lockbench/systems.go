@@ -287,6 +287,19 @@ type httpErr struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
 	} `json:"error"`
+	// retryAfter is the answer's Retry-After header (overloaded,
+	// no_leader, a budget's resource_exhausted).
+	retryAfter    time.Duration
+	hasRetryAfter bool
+}
+
+// refusal is the answer as an apiErr when a well-behaved client retries
+// it (SPEC 15), else nil.
+func (r *httpErr) refusal() *apiErr {
+	if r == nil || r.Error == nil || !retryable(r.Error.Code) {
+		return nil
+	}
+	return &apiErr{Code: r.Error.Code, Msg: r.Error.Message, RetryAfter: r.retryAfter, HasRetryAfter: r.hasRetryAfter}
 }
 
 // post sends body to the lock operation op and follows leader redirects.
@@ -318,6 +331,7 @@ func (w *lockdHTTPWorker) post(ctx context.Context, name, op string, body []byte
 		if err := json.Unmarshal(b, &r); err != nil {
 			return nil, resp.StatusCode, fmt.Errorf("status %d: %s", resp.StatusCode, b)
 		}
+		r.retryAfter, r.hasRetryAfter = parseRetryAfterHeader(resp.Header.Get("Retry-After"), time.Now())
 		return &r, resp.StatusCode, nil
 	}
 	return nil, 0, errors.New("too many redirects")
@@ -325,7 +339,7 @@ func (w *lockdHTTPWorker) post(ctx context.Context, name, op string, body []byte
 
 func (w *lockdHTTPWorker) lock(ctx context.Context, name string) error {
 	body := []byte(`{"client_id":"` + w.id + `","ttl_ms":30000,"wait_timeout_ms":30000}`)
-	for ctx.Err() == nil {
+	for try := 0; ctx.Err() == nil; try++ {
 		r, st, err := w.post(ctx, name, "acquire", body)
 		if err != nil {
 			return err
@@ -335,6 +349,11 @@ func (w *lockdHTTPWorker) lock(ctx context.Context, name string) error {
 			return nil
 		}
 		if r.Error != nil && r.Error.Code == "wait_timeout" {
+			continue
+		}
+		if e := r.refusal(); e != nil {
+			// Refused before it took effect: wait as the server asked.
+			sleepCtx(ctx, backoffFor(e, try))
 			continue
 		}
 		if r.Error != nil {
@@ -348,6 +367,10 @@ func (w *lockdHTTPWorker) lock(ctx context.Context, name string) error {
 func (w *lockdHTTPWorker) unlock(ctx context.Context) error {
 	body := []byte(`{"client_id":"` + w.id + `","fencing_token":` + strconv.FormatUint(w.token, 10) + `}`)
 	r, st, err := w.post(ctx, w.name, "release", body)
+	for try := 0; err == nil && r.refusal() != nil && ctx.Err() == nil; try++ {
+		sleepCtx(ctx, backoffFor(r.refusal(), try))
+		r, st, err = w.post(ctx, w.name, "release", body)
+	}
 	if err != nil {
 		return err
 	}
