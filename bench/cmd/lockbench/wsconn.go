@@ -221,6 +221,9 @@ func (wc *wsConn) isEnded() bool {
 
 // send writes req with a fresh id and calls cb with the frame that answers
 // it (or errConnEnded). cb runs on the reader goroutine: it must not block.
+// send returns an error only when cb will never be called; when the write
+// fails after the connection ended, cb gets errConnEnded and send returns
+// nil.
 func (wc *wsConn) send(ctx context.Context, req api.WSRequest, cb func(wsFrame, error)) (uint64, error) {
 	wc.mu.Lock()
 	if wc.ended {
@@ -242,9 +245,13 @@ func (wc *wsConn) send(ctx context.Context, req api.WSRequest, cb func(wsFrame, 
 	}
 	if err != nil {
 		wc.mu.Lock()
+		_, pending := wc.calls[id]
 		delete(wc.calls, id)
 		wc.mu.Unlock()
-		return 0, err
+		if pending || cb == nil {
+			return 0, err
+		}
+		// The reader ended and took the callback: it is told there.
 	}
 	return id, nil
 }
