@@ -210,13 +210,12 @@ func (wc *wsConn) cutReason() string {
 	return wc.cut
 }
 
+// isEnded reports whether the reader has seen the end of the connection
+// (it may still be telling the requests that were waiting).
 func (wc *wsConn) isEnded() bool {
-	select {
-	case <-wc.done:
-		return true
-	default:
-		return false
-	}
+	wc.mu.Lock()
+	defer wc.mu.Unlock()
+	return wc.ended
 }
 
 // send writes req with a fresh id and calls cb with the frame that answers
