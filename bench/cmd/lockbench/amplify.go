@@ -36,8 +36,8 @@ import (
 //	b  one WebSocket with watches on that semaphore that never reads its
 //	   socket, then changes
 //	c  many connections × many watches, opened as fast as possible
-//	d  many concurrent plain reads of the semaphore's status and of a list
-//	   holding it (each carries every holder)
+//	d  many concurrent plain reads of the semaphore's status, of a list
+//	   holding it and of the largest page of its holders
 //	e  value bytes: many locks, each with a value of the largest size
 
 type ampOpts struct {
@@ -130,7 +130,7 @@ func amplifyMain(args []string) int {
 	fs.IntVar(&o.rcvBuf, "rcvbuf", 16<<10, "case b: the stuck client's socket receive buffer (bytes)")
 	fs.IntVar(&o.watchConns, "watch-conns", 16, "case c: connections")
 	fs.IntVar(&o.watchesPerConn, "watches-per-conn", 1024, "case c: watches per connection (on distinct locks)")
-	fs.IntVar(&o.readers, "readers", 50, "case d: concurrent readers, each reading the semaphore's status and a list holding it")
+	fs.IntVar(&o.readers, "readers", 50, "case d: concurrent readers, each reading the semaphore's status, a list holding it and a page of 10000 of its holders")
 	fs.IntVar(&o.valueLocks, "value-locks", 20_000, "case e: locks acquired with a value of --value-bytes")
 	fs.DurationVar(&o.settle, "settle", 2*time.Second, "time after a case's last action before reading \"after\"")
 	fs.DurationVar(&o.caseTimeout, "case-timeout", 3*time.Minute, "bound of one case")
@@ -263,7 +263,7 @@ func runAmplify(ctx context.Context, lc *lockdCluster, o ampOpts, rep *ampReport
 		case "c":
 			c = a.measure(ctx, "c", fmt.Sprintf("%d connections × %d watches (distinct locks), opened as fast as possible", o.watchConns, o.watchesPerConn), a.manyWatches, nil)
 		case "d":
-			c = a.measure(ctx, "d", fmt.Sprintf("%d concurrent readers, each reading the semaphore's status and a list page holding it", o.readers), a.bigReads, nil)
+			c = a.measure(ctx, "d", fmt.Sprintf("%d concurrent readers, each reading the semaphore's status, a list page holding it and a page of %d of its holders", o.readers, api.MaxListLimit), a.bigReads, nil)
 		case "e":
 			c = a.measure(ctx, "e", fmt.Sprintf("%d locks acquired with a %d-byte value each (%.0f MiB of values)", o.valueLocks, o.valueBytes, float64(o.valueLocks*o.valueBytes)/(1<<20)), a.valueLocks, nil)
 		}
@@ -776,25 +776,22 @@ func (a *amp) manyWatches(ctx context.Context, c *ampCase, t *tally) error {
 // bigReads is case d.
 func (a *amp) bigReads(ctx context.Context, c *ampCase, t *tally) error {
 	var bytesRead atomic.Int64
-	urls := []string{
-		a.leader.httpURL + "/api/v1/locks/" + ampSem,
-		a.leader.httpURL + "/api/v1/locks?prefix=" + url.QueryEscape("amp-") + "&limit=10",
+	urls := map[string]string{
+		"status":  a.leader.httpURL + "/api/v1/locks/" + ampSem,
+		"list":    a.leader.httpURL + "/api/v1/locks?prefix=" + url.QueryEscape("amp-") + "&limit=10",
+		"holders": a.leader.httpURL + "/api/v1/locks/" + ampSem + "/holders?limit=" + fmt.Sprint(api.MaxListLimit),
 	}
 	err := parallel(ctx, a.o.readers, a.o.readers, func(int) error {
-		for _, u := range urls {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		for _, kind := range []string{"status", "list", "holders"} {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, urls[kind], nil)
 			resp, err := a.hc.Do(req)
 			if err != nil {
-				t.add("read: " + errCode(err))
+				t.add(kind + ": " + errCode(err))
 				continue
 			}
 			n, _ := io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			bytesRead.Add(n)
-			kind := "status"
-			if strings.Contains(u, "?prefix=") {
-				kind = "list"
-			}
 			t.add(fmt.Sprintf("%s %d", kind, resp.StatusCode))
 		}
 		return nil

@@ -297,3 +297,16 @@ func TestLeaderEventsInLogLines(t *testing.T) {
 		t.Errorf("a candidate line read as leadership: %v %v %q", e, b, r)
 	}
 }
+
+func TestHandoverOfShutdownLines(t *testing.T) {
+	for want, lines := range map[string][]string{
+		"transferred": {`time=2026-12-02T01:44:50.001Z level=INFO msg="leadership transferred before shutdown"`,
+			`time=2026-12-02T01:44:50.010Z level=INFO msg="member stopped" id=n2`},
+		"failed: timed out enqueuing operation": {`time=2026-12-02T01:44:50.001Z level=INFO msg="leadership transfer before shutdown failed" err="timed out enqueuing operation"`},
+		"":                                      {`time=2026-12-02T01:44:50.010Z level=INFO msg="member stopped" id=n2`},
+	} {
+		if got := handoverOf(lines); got != want {
+			t.Errorf("handoverOf(%q) = %q, want %q", lines, got, want)
+		}
+	}
+}

@@ -68,6 +68,26 @@ type sigtermResult struct {
 	// NewLeaderReadyAfter: when the stopped member led, the next leader's
 	// "ready_after".
 	NewLeaderReadyAfter string `json:"new_leader_ready_after,omitempty"`
+	// Handover: what the stopped member logged of handing leadership over
+	// ("transferred", "failed: ...", or "" when it logged neither).
+	Handover string `json:"handover,omitempty"`
+}
+
+// handoverOf reads lockd's shutdown lines: whether leadership was handed
+// over before the member stopped.
+func handoverOf(lines []string) string {
+	for _, l := range lines {
+		switch {
+		case strings.Contains(l, `msg="leadership transferred before shutdown"`):
+			return "transferred"
+		case strings.Contains(l, `msg="leadership transfer before shutdown failed"`):
+			if _, e, ok := strings.Cut(l, " err="); ok {
+				return "failed: " + strings.Trim(e, `"`)
+			}
+			return "failed"
+		}
+	}
+	return ""
 }
 
 // queueWaiters queues n waits, one on each of the first n held locks, over
@@ -329,6 +349,7 @@ func sigtermMember(ctx context.Context, lc *lockdCluster, ref *leaderRef) (*sigt
 	if m.p.err != nil {
 		r.ExitStatus = m.p.err.Error()
 	}
+	r.Handover = handoverOf(logSince(lc, m.id, offsets[m.id]))
 	// The next leader's "became leader" (logged once it serves).
 	for deadline := time.Now().Add(time.Minute); r.NewLeaderReadyAfter == "" && time.Now().Before(deadline) && ctx.Err() == nil; {
 		for _, o := range lc.members {
@@ -391,7 +412,11 @@ func writeFailoverMarkdown(w io.Writer, rep *scaleReport) {
 		if s.Killed {
 			killed = " (did not exit within the grace period and was killed)"
 		}
-		fmt.Fprintf(w, "SIGTERM of the leader %s: **exited after %.2f s**%s, %s; the next leader ready after %s; restarted on its data dir, **ready after %.2f s**.\n\n",
-			s.Member, s.ExitSeconds, killed, s.ExitStatus, s.NewLeaderReadyAfter, s.RestartReady)
+		handover := "no handover logged"
+		if s.Handover != "" {
+			handover = "leadership " + s.Handover
+		}
+		fmt.Fprintf(w, "SIGTERM of the leader %s: **exited after %.2f s**%s, %s, %s; the next leader ready after %s; restarted on its data dir, **ready after %.2f s**.\n\n",
+			s.Member, s.ExitSeconds, killed, s.ExitStatus, handover, s.NewLeaderReadyAfter, s.RestartReady)
 	}
 }
