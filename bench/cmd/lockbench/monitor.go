@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"sync"
 	"time"
 )
@@ -11,9 +13,12 @@ import (
 // commit index, Go heap, whether it leads); OK is false when it did not
 // answer in time (RSS is read anyway).
 type memberSample struct {
-	Member  string  `json:"member"`
-	Leader  bool    `json:"leader"`
-	RSSMiB  float64 `json:"rss_mib"`
+	Member string  `json:"member"`
+	Leader bool    `json:"leader"`
+	RSSMiB float64 `json:"rss_mib"`
+	// HWMMiB is VmHWM: the highest RSS since it was last reset (at the
+	// start of the overload window), spikes between samples included.
+	HWMMiB  float64 `json:"peak_rss_mib"`
 	HeapMiB float64 `json:"heap_inuse_mib,omitempty"`
 	Term    uint64  `json:"term"`
 	Commit  uint64  `json:"commit_index"`
@@ -119,6 +124,8 @@ type monitorSummary struct {
 	LeaderRSSMax   float64 `json:"leader_rss_max_mib"`
 	LeaderRSSMaxAt float64 `json:"leader_rss_max_at_seconds"`
 	LeaderRSSEnd   float64 `json:"leader_rss_end_mib"`
+	// LeaderHWM: the highest VmHWM a leader reported in the window.
+	LeaderHWM float64 `json:"leader_peak_rss_mib"`
 	// Leader commits per second (Δ commit index ÷ Δ time between two
 	// samples of the same leader): before the window (the baseline),
 	// over the window, and the lowest interval of the window.
@@ -159,6 +166,9 @@ func summarizeMonitor(ss []monitorSample, window float64) monitorSummary {
 			last = s
 			if l != nil && l.RSSMiB > out.LeaderRSSMax {
 				out.LeaderRSSMax, out.LeaderRSSMaxAt = l.RSSMiB, s.T
+			}
+			if l != nil {
+				out.LeaderHWM = max(out.LeaderHWM, l.HWMMiB)
 			}
 		}
 		if i == 0 {
@@ -202,4 +212,12 @@ func summarizeMonitor(ss []monitorSample, window float64) monitorSummary {
 		}
 	}
 	return out
+}
+
+// resetPeaks resets VmHWM of the processes (Linux ≥ 4.0: write 5 to
+// /proc/<pid>/clear_refs), so it then holds the peak from now on.
+func resetPeaks(pids []int) {
+	for _, pid := range pids {
+		_ = os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
+	}
 }

@@ -506,9 +506,9 @@ var overloadRows = []overloadRow{
 		return fmt.Sprintf("%d / %d in %.2f s (resent after cuts %d, after refusals %d; granted %d; ended %s)", b.Queued, b.Sent, b.SendSeconds,
 			b.Resent, b.Retried, b.Granted, fmtCounts(b.Ended))
 	}, nil},
-	{"leader RSS MiB: window start / max (at s) / end", "", func(r *overloadResult) string {
+	{"leader RSS MiB: window start / highest sample (at s) / peak (VmHWM) / end", "", func(r *overloadResult) string {
 		m := r.Monitor
-		return fmt.Sprintf("%.0f / %.0f (%.1f) / %.0f", m.LeaderRSSStart, m.LeaderRSSMax, m.LeaderRSSMaxAt, m.LeaderRSSEnd)
+		return fmt.Sprintf("%.0f / %.0f (%.1f) / %.0f / %.0f", m.LeaderRSSStart, m.LeaderRSSMax, m.LeaderRSSMaxAt, m.LeaderHWM, m.LeaderRSSEnd)
 	}, nil},
 	{"leader commits/s: baseline / window / worst interval (at s)", "", func(r *overloadResult) string {
 		m := r.Monitor

@@ -286,6 +286,7 @@ func runOverloadEtcd(ctx context.Context, dir string, o overloadOpts) (*overload
 	t0 := time.Now().Add(200 * time.Millisecond)
 	end := t0.Add(o.duration)
 	mon.setZero(t0)
+	resetPeaks(ec.pids())
 	log := newCycleLog(t0, end)
 	fmt.Fprintf(os.Stderr, "overload: %.0f cycles/s offered for %v; burst of %d at +%v ...\n", rate, o.duration, o.burst, o.burstAt)
 	var started, skipped int64
@@ -569,8 +570,8 @@ func etcdProber(ec *etcdCluster) (prober, func(), error) {
 				defer wg.Done()
 				s := memberSample{Member: m.name}
 				if p := m.p; p != nil && !p.exited() {
-					rss, _ := memKB(p.pid())
-					s.RSSMiB = float64(rss) / 1024
+					rss, hwm := memKB(p.pid())
+					s.RSSMiB, s.HWMMiB = float64(rss)/1024, float64(hwm)/1024
 				}
 				if st, err := cs[i].Status(ctx, m.clientURL); err == nil {
 					s.OK = true

@@ -174,6 +174,7 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 	t0 := time.Now().Add(200 * time.Millisecond)
 	end := t0.Add(o.duration)
 	mon.setZero(t0)
+	resetPeaks(lc.pids())
 	log := newCycleLog(t0, end)
 	fmt.Fprintf(os.Stderr, "overload: %.0f cycles/s offered for %v; burst of %d at +%v ...\n", rate, o.duration, o.burst, o.burstAt)
 	var started, skipped int64
@@ -525,8 +526,8 @@ func lockdProber(lc *lockdCluster, heap bool) prober {
 				defer wg.Done()
 				s := memberSample{Member: m.id}
 				if p := m.p; p != nil && !p.exited() {
-					rss, _ := memKB(p.pid())
-					s.RSSMiB = float64(rss) / 1024
+					rss, hwm := memKB(p.pid())
+					s.RSSMiB, s.HWMMiB = float64(rss)/1024, float64(hwm)/1024
 				}
 				if st, err := nodeStatus(ctx, hc, m.httpURL); err == nil {
 					s.OK = true

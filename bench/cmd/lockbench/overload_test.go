@@ -269,7 +269,7 @@ func TestSummarizeMonitor(t *testing.T) {
 		for _, id := range []string{"n1", "n2", "n3"} {
 			m := memberSample{Member: id, Term: term, Commit: commit, RSSMiB: 30, OK: true}
 			if id == leader {
-				m.Leader, m.RSSMiB = true, rss
+				m.Leader, m.RSSMiB, m.HWMMiB = true, rss, rss+10
 			}
 			ms = append(ms, m)
 		}
@@ -289,7 +289,7 @@ func TestSummarizeMonitor(t *testing.T) {
 	if s.TermsStarted != 1 || s.LeaderChanges != 1 {
 		t.Fatalf("terms %d, changes %d", s.TermsStarted, s.LeaderChanges)
 	}
-	if s.LeaderRSSStart != 45 || s.LeaderRSSMax != 900 || s.LeaderRSSMaxAt != 2 || s.LeaderRSSEnd != 250 {
+	if s.LeaderRSSStart != 45 || s.LeaderRSSMax != 900 || s.LeaderRSSMaxAt != 2 || s.LeaderRSSEnd != 250 || s.LeaderHWM != 910 {
 		t.Fatalf("leader RSS %+v", s)
 	}
 	if s.CommitsBefore != 500 || s.CommitsMin != 100 || s.CommitsMinAt != 2 || math.Abs(s.CommitsWindow-1500.0/3) > 1e-9 {
