@@ -47,6 +47,37 @@ time=2026-11-29T09:21:37.413Z level=INFO msg="became leader" id=n1 term=3 ready_
 	}
 }
 
+// The same lines once hashicorp/raft logs through lockd's slog logger.
+func TestSnapshotLogLinesThroughSlog(t *testing.T) {
+	dir := t.TempDir()
+	log := `time=2026-11-29T09:21:23.000Z level=INFO msg="starting snapshot up to" component=raft index=39771
+time=2026-11-29T09:21:23.010Z level=INFO msg="creating new snapshot" component=raft path=` + dir + `/snapshots/2-39771-1795944084329.tmp
+time=2026-11-29T09:21:24.492Z level=INFO msg="snapshot taken" id=2-39771-1795944084329 bytes=47212455 locks=1000000 sessions=100 took=1.333s
+time=2026-11-29T09:21:23.250Z level=INFO msg="snapshot complete up to" component=raft index=39771
+time=2026-11-29T09:21:37.413Z level=INFO msg="became leader" id=n1 term=3 ready_after=3.482s
+`
+	if err := os.WriteFile(filepath.Join(dir, "n1.log"), []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lc := &lockdCluster{dir: dir, members: []*lockdMember{{id: "n1"}}}
+	evs := allSnapshots(lc)
+	if len(evs) != 1 {
+		t.Fatalf("snapshots: %+v", evs)
+	}
+	if e := evs[0]; e.Index != 39771 || e.Locks != 1_000_000 || e.SizeBytes != 47212455 || math.Abs(e.Took-1.333) > 1e-9 || math.Abs(e.Persist-0.25) > 1e-6 {
+		t.Fatalf("snapshot event: %+v", e)
+	}
+	for _, l := range []string{
+		`time=2026-11-29T09:30:01.120Z level=INFO msg="restored from snapshot" component=raft id=2-39771-1795944084329 last-index=39771 last-term=2 size-in-bytes=47212455`,
+		`2026-11-29T09:30:01.120Z [INFO]  raft.n1: restored from snapshot: id=2-39771-1795944084329 last-index=39771 last-term=2 size-in-bytes=47212455`,
+	} {
+		g := reRestored.FindStringSubmatch(l)
+		if g == nil || g[1] != "2026-11-29T09:30:01.120Z" || g[2] != "47212455" {
+			t.Fatalf("restored line %q: %q", l, g)
+		}
+	}
+}
+
 func TestAggregateAndRatios(t *testing.T) {
 	mk := func(sys, setup string, cycles int64, p50us int64) *runResult {
 		r := &runResult{System: sys, Setup: setup, Clients: clientsPerWorker, Workload: "b", Seconds: 10, Cycles: cycles, ServerCPU: 1, acqH: newHist(), relH: newHist()}

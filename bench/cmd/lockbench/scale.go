@@ -582,15 +582,17 @@ func electionsOf(lc *lockdCluster) []election {
 	return out
 }
 
-// hashicorp/raft's log lines, e.g.
+// hashicorp/raft's log lines, in its own format, e.g.
 // 2026-11-29T08:48:41.061Z [INFO]  raft.n1: starting snapshot up to: index=24
+// or through lockd's slog logger (one log format), e.g.
+// time=2026-11-29T08:48:41.061Z level=INFO msg="starting snapshot up to" component=raft index=24
 var (
-	reSnapStart  = regexp.MustCompile(`^(\S+) \[INFO\]\s+raft\S*: starting snapshot up to: index=(\d+)`)
-	reSnapCreate = regexp.MustCompile(`^(\S+) \[INFO\]\s+raft\S*: creating new snapshot: path=(\S+)`)
-	reSnapDone   = regexp.MustCompile(`^(\S+) \[INFO\]\s+raft\S*: snapshot complete up to: index=(\d+)`)
+	reSnapStart  = regexp.MustCompile(`^(?:time=)?(\S+) .*starting snapshot up to\b.*\bindex=(\d+)`)
+	reSnapCreate = regexp.MustCompile(`^(?:time=)?(\S+) .*creating new snapshot\b.*\bpath="?([^"\s]+)`)
+	reSnapDone   = regexp.MustCompile(`^(?:time=)?(\S+) .*snapshot complete up to\b.*\bindex=(\d+)`)
 	reSnapTaken  = regexp.MustCompile(`msg="snapshot taken" id=\d+-(\d+)-\d+ bytes=(\d+) locks=(\d+).* took=(\S+)`)
 	reRestoredL  = regexp.MustCompile(`^time=(\S+) .*msg="snapshot restored" bytes=(\d+) locks=(\d+)`)
-	reRestored   = regexp.MustCompile(`^(\S+) \[INFO\]\s+raft\S*: restored from snapshot: .*size-in-bytes=(\d+)`)
+	reRestored   = regexp.MustCompile(`^(?:time=)?(\S+) .*restored from snapshot\b.*size-in-bytes=(\d+)`)
 	reReadyAfter = regexp.MustCompile(`msg="became leader".*ready_after=(\S+)`)
 )
 
