@@ -4,6 +4,8 @@
 //
 //	lockbench [flags]          the side-by-side benchmark (workloads a–e)
 //	lockbench scale [flags]    the scale benchmark (1M held locks, 100k waiters)
+//	lockbench overload [flags] SPEC 15 under overload: 2×C open-loop, a burst of waits, kept promises
+//	lockbench amplify [flags]  what one client can make the leader hold (SPEC 16)
 //	lockbench disk [flags]     the disk's floor: a small write + fsync, p50/p99
 //
 // It starts a lockd cluster (the real lockd binary, built from ../cmd/lockd),
@@ -45,6 +47,10 @@ func main() {
 			os.Exit(etcdMemberMain(os.Args[2:]))
 		case "scale":
 			os.Exit(scaleMain(os.Args[2:]))
+		case "overload":
+			os.Exit(overloadMain(os.Args[2:]))
+		case "amplify":
+			os.Exit(amplifyMain(os.Args[2:]))
 		case "disk":
 			os.Exit(diskMain(os.Args[2:]))
 		case "run":

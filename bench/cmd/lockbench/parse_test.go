@@ -47,6 +47,37 @@ time=2026-11-29T09:21:37.413Z level=INFO msg="became leader" id=n1 term=3 ready_
 	}
 }
 
+// The same lines once hashicorp/raft logs through lockd's slog logger.
+func TestSnapshotLogLinesThroughSlog(t *testing.T) {
+	dir := t.TempDir()
+	log := `time=2026-11-29T09:21:23.000Z level=INFO msg="starting snapshot up to" component=raft index=39771
+time=2026-11-29T09:21:23.010Z level=INFO msg="creating new snapshot" component=raft path=` + dir + `/snapshots/2-39771-1795944084329.tmp
+time=2026-11-29T09:21:24.492Z level=INFO msg="snapshot taken" id=2-39771-1795944084329 bytes=47212455 locks=1000000 sessions=100 took=1.333s
+time=2026-11-29T09:21:23.250Z level=INFO msg="snapshot complete up to" component=raft index=39771
+time=2026-11-29T09:21:37.413Z level=INFO msg="became leader" id=n1 term=3 ready_after=3.482s
+`
+	if err := os.WriteFile(filepath.Join(dir, "n1.log"), []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lc := &lockdCluster{dir: dir, members: []*lockdMember{{id: "n1"}}}
+	evs := allSnapshots(lc)
+	if len(evs) != 1 {
+		t.Fatalf("snapshots: %+v", evs)
+	}
+	if e := evs[0]; e.Index != 39771 || e.Locks != 1_000_000 || e.SizeBytes != 47212455 || math.Abs(e.Took-1.333) > 1e-9 || math.Abs(e.Persist-0.25) > 1e-6 {
+		t.Fatalf("snapshot event: %+v", e)
+	}
+	for _, l := range []string{
+		`time=2026-11-29T09:30:01.120Z level=INFO msg="restored from snapshot" component=raft id=2-39771-1795944084329 last-index=39771 last-term=2 size-in-bytes=47212455`,
+		`2026-11-29T09:30:01.120Z [INFO]  raft.n1: restored from snapshot: id=2-39771-1795944084329 last-index=39771 last-term=2 size-in-bytes=47212455`,
+	} {
+		g := reRestored.FindStringSubmatch(l)
+		if g == nil || g[1] != "2026-11-29T09:30:01.120Z" || g[2] != "47212455" {
+			t.Fatalf("restored line %q: %q", l, g)
+		}
+	}
+}
+
 func TestAggregateAndRatios(t *testing.T) {
 	mk := func(sys, setup string, cycles int64, p50us int64) *runResult {
 		r := &runResult{System: sys, Setup: setup, Clients: clientsPerWorker, Workload: "b", Seconds: 10, Cycles: cycles, ServerCPU: 1, acqH: newHist(), relH: newHist()}
@@ -271,5 +302,42 @@ func TestCompactPerf(t *testing.T) {
 	want := "# Samples: 3K of event 'cpu-clock:ppp'\n#\n74.31% 0.00% [.] runtime.goexit.abi0\n"
 	if got := string(compactPerf([]byte(in))); got != want {
 		t.Errorf("compactPerf = %q, want %q", got, want)
+	}
+}
+
+func TestLeaderEventsInLogLines(t *testing.T) {
+	for name, lines := range map[string][]string{
+		"hclog": {
+			`2026-11-29T09:21:36.100Z [WARN]  raft.n2: heartbeat timeout reached, starting election: last-leader-addr=127.0.0.1:21001 last-leader-id=n3`,
+			`2026-11-29T09:21:36.902Z [INFO]  raft.n2: entering leader state: leader="Node at 127.0.0.1:21002 [Leader]"`,
+			`time=2026-11-29T09:21:37.413Z level=INFO msg="became leader" id=n2 term=3 ready_after=511ms`,
+		},
+		"slog": {
+			`time=2026-11-29T09:21:36.902Z level=INFO msg="entering leader state" component=raft leader="Node at 127.0.0.1:21002 [Leader]"`,
+			`time=2026-11-29T09:21:37.413Z level=INFO msg="became leader" id=n2 term=3 ready_after=511ms`,
+			`time=2026-11-29T09:21:39.000Z level=INFO msg="became leader" id=n2 term=4 ready_after=9s`,
+		},
+	} {
+		entered, became, ready := leaderEvents(lines)
+		want := time.Date(2026, 11, 29, 9, 21, 36, 902_000_000, time.UTC)
+		if !entered.Equal(want) || !became.Equal(want.Add(511*time.Millisecond)) || ready != "511ms" {
+			t.Errorf("%s: entered %v, became %v, ready %q", name, entered, became, ready)
+		}
+	}
+	if e, b, r := leaderEvents([]string{`2026-11-29T09:21:36.100Z [INFO]  raft.n2: entering candidate state: node="Node at x [Candidate]" term=3`}); !e.IsZero() || !b.IsZero() || r != "" {
+		t.Errorf("a candidate line read as leadership: %v %v %q", e, b, r)
+	}
+}
+
+func TestHandoverOfShutdownLines(t *testing.T) {
+	for want, lines := range map[string][]string{
+		"transferred": {`time=2026-12-02T01:44:50.001Z level=INFO msg="leadership transferred before shutdown"`,
+			`time=2026-12-02T01:44:50.010Z level=INFO msg="member stopped" id=n2`},
+		"failed: timed out enqueuing operation": {`time=2026-12-02T01:44:50.001Z level=INFO msg="leadership transfer before shutdown failed" err="timed out enqueuing operation"`},
+		"":                                      {`time=2026-12-02T01:44:50.010Z level=INFO msg="member stopped" id=n2`},
+	} {
+		if got := handoverOf(lines); got != want {
+			t.Errorf("handoverOf(%q) = %q, want %q", lines, got, want)
+		}
 	}
 }

@@ -20,7 +20,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/lockd/lockd/api"
 )
 
@@ -116,6 +115,10 @@ type scaleReport struct {
 	LoadOnlySecs   float64    `json:"load_only_seconds"`
 	Notes          []string   `json:"notes,omitempty"`
 	Elections      []election `json:"elections"`
+	// The leadership measurements (SPEC 17), see scale_failover.go.
+	WaiterBurst *waiterBurstResult `json:"waiter_burst,omitempty"`
+	Failover    *failoverResult    `json:"failover,omitempty"`
+	Sigterm     *sigtermResult     `json:"sigterm,omitempty"`
 }
 
 func scaleMain(args []string) int {
@@ -132,7 +135,8 @@ func scaleMain(args []string) int {
 	extraFlags := fs.String("lockd-flags", "", "extra lockd flags for every member, space-separated (e.g. \"--leader-lease-timeout 1s\")")
 	patience := fs.Duration("patience", 3*time.Minute, "how long one request may keep failing (no leader during elections) before the run gives up")
 	timeout := fs.Duration("timeout", 45*time.Minute, "bound of the whole scale run")
-	noRestart := fs.Bool("no-restart", false, "skip the restart measurement")
+	noRestart := fs.Bool("no-restart", false, "skip the restart of every member at the end")
+	noFailover := fs.Bool("no-failover", false, "skip the kill -9 of the leader and the SIGTERM of a member (and their restarts)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -177,7 +181,7 @@ func scaleMain(args []string) int {
 		return 1
 	}
 	defer lc.stop()
-	err = runScale(ctx, lc, rep, sweep, *conc, *wsConns, *sweepOps, !*noRestart)
+	err = runScale(ctx, lc, rep, sweep, *conc, *wsConns, *sweepOps, !*noFailover, !*noRestart)
 	if rep.Snapshots == nil {
 		rep.Snapshots = allSnapshots(lc)
 	}
@@ -207,15 +211,21 @@ func defaultSweep(locks int64) []int64 {
 
 func scaleLockName(i int64) string { return fmt.Sprintf("s%07d", i) }
 
-func runScale(ctx context.Context, lc *lockdCluster, rep *scaleReport, sweep []int64, conc, wsConns, sweepOps int, restart bool) error {
+func runScale(ctx context.Context, lc *lockdCluster, rep *scaleReport, sweep []int64, conc, wsConns, sweepOps int, failovers, restart bool) error {
 	leader, err := lc.leader(ctx)
 	if err != nil {
 		return err
 	}
 	ref := &leaderRef{lc: lc, m: leader, at: time.Now()}
+	// Leader changes the clients saw until the failover measurements
+	// (which change the leader on purpose).
+	changes := -1
 	defer func() {
-		if ref.changes > 0 {
-			rep.Notes = append(rep.Notes, fmt.Sprintf("the leader changed %d time(s) during loading and measuring; the clients followed it", ref.changes))
+		if changes < 0 {
+			changes = ref.changes
+		}
+		if changes > 0 {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("the leader changed %d time(s) during loading and measuring; the clients followed it", changes))
 		}
 	}()
 	tr := &http.Transport{MaxIdleConns: conc + 16, MaxIdleConnsPerHost: conc + 16}
@@ -256,16 +266,15 @@ func runScale(ctx context.Context, lc *lockdCluster, rep *scaleReport, sweep []i
 	// ---- waiters ----
 	if rep.Waiters > 0 {
 		fmt.Fprintf(os.Stderr, "queueing %d waiters over %d WebSocket sessions ...\n", rep.Waiters, wsConns)
-		t0 := time.Now()
-		closeWS, err := loadWaiters(ctx, ref, rep.Waiters, wsConns)
+		// The sessions live on (1 h TTL) after their connections close, so
+		// the waits stay queued through what follows.
+		wb, err := queueWaiters(ctx, lc, ref, rep.Waiters, wsConns)
 		if err != nil {
 			return fmt.Errorf("loading waiters: %w", err)
 		}
-		// The sessions live on (1 h TTL) after the connections close, so
-		// the waits stay queued through the restart.
-		defer closeWS()
-		rep.WaitSeconds = time.Since(t0).Seconds()
-		fmt.Fprintf(os.Stderr, "waiters queued in %.1fs\n", rep.WaitSeconds)
+		rep.WaiterBurst = wb
+		rep.WaitSeconds = wb.Seconds
+		fmt.Fprintf(os.Stderr, "waiters queued in %.1fs; %d elections meanwhile\n", rep.WaitSeconds, len(wb.Elections))
 	}
 	time.Sleep(2 * time.Second)
 	leader = ref.refresh(ctx)
@@ -282,9 +291,23 @@ func runScale(ctx context.Context, lc *lockdCluster, rep *scaleReport, sweep []i
 	}
 	rep.Snapshots = allSnapshots(lc)
 
+	// ---- kill -9 of the leader, SIGTERM of the next one ----
+	changes = ref.changes
+	if failovers && len(lc.members) > 1 {
+		f, err := failover(ctx, lc, ref)
+		rep.Failover = f
+		if err != nil {
+			return fmt.Errorf("failover: %w", err)
+		}
+		st, err := sigtermMember(ctx, lc, ref)
+		rep.Sigterm = st
+		if err != nil {
+			return fmt.Errorf("SIGTERM: %w", err)
+		}
+	}
+
 	// ---- restart every member from its snapshot ----
 	if restart {
-		closeWSNow() // the waiters' connections would only reconnect-fail
 		r, err := restartCluster(ctx, lc)
 		rep.Restart = r
 		if err != nil {
@@ -329,14 +352,18 @@ func (r *leaderRef) refresh(ctx context.Context) *lockdMember {
 // retryFor bounds how long one request keeps being retried.
 var retryFor = 3 * time.Minute
 
-// retrying reports whether a request first tried at t0 may be tried again
-// (try counts from 0), after a backoff.
-func retrying(ctx context.Context, t0 time.Time, try int) bool {
+// retrying reports whether a request first tried at t0 that failed with
+// err may be tried again (try counts from 0), after a backoff: the
+// Retry-After the server gave, else a linear one up to 1 s.
+func retrying(ctx context.Context, t0 time.Time, try int, err error) bool {
 	if ctx.Err() != nil || time.Since(t0) > retryFor {
 		return false
 	}
-	time.Sleep(min(time.Duration(try+1)*50*time.Millisecond, time.Second))
-	return true
+	var e *apiErr
+	if errors.As(err, &e) && e.HasRetryAfter {
+		return sleepCtx(ctx, backoffFor(e, try))
+	}
+	return sleepCtx(ctx, min(time.Duration(try+1)*50*time.Millisecond, time.Second))
 }
 
 // retry runs f until it succeeds or retrying gives up (returning f's last
@@ -352,7 +379,7 @@ func (r *leaderRef) retry(ctx context.Context, f func() error, onFail func(error
 		if onFail != nil {
 			onFail(err)
 		}
-		if !retrying(ctx, t0, try) {
+		if !retrying(ctx, t0, try, err) {
 			return err
 		}
 		r.refresh(ctx)
@@ -361,9 +388,6 @@ func (r *leaderRef) retry(ctx context.Context, f func() error, onFail func(error
 
 // firstRetried keeps the first error a loader retried, for the report.
 var firstRetried atomic.Value
-
-// closeWSNow is a hook set by loadWaiters to drop its connections early.
-var closeWSNow = func() {}
 
 // loadHeld acquires locks [from, to) with conc concurrent clients.
 func loadHeld(ctx context.Context, hc *http.Client, ref *leaderRef, from, to int64, conc int, errs *atomic.Int64) error {
@@ -443,9 +467,21 @@ func postOK(ctx context.Context, hc *http.Client, url string, body []byte) error
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %d %s", url, resp.StatusCode, bytes.TrimSpace(b))
+		return fmt.Errorf("%s: %d %s: %w", url, resp.StatusCode, bytes.TrimSpace(b), httpAPIErr(resp, b))
 	}
 	return nil
+}
+
+// httpAPIErr reads an HTTP error answer: its code and message from the
+// body, its Retry-After from the header.
+func httpAPIErr(resp *http.Response, body []byte) *apiErr {
+	e := &apiErr{Code: fmt.Sprintf("http_%d", resp.StatusCode)}
+	var er api.ErrorReply
+	if json.Unmarshal(body, &er) == nil && er.Error.Code != "" {
+		e.Code, e.Msg = er.Error.Code, er.Error.Message
+	}
+	e.RetryAfter, e.HasRetryAfter = parseRetryAfterHeader(resp.Header.Get("Retry-After"), time.Now())
+	return e
 }
 
 // sweepPoint measures n sequential acquire+release cycles of one HTTP
@@ -492,179 +528,6 @@ func memberMemory(lc *lockdCluster, leader *lockdMember) []memberMem {
 		out = append(out, memberMem{ID: m.id, Leader: m == leader, RSSMiB: float64(rss) / 1024, HWMMiB: float64(hwm) / 1024})
 	}
 	return out
-}
-
-// loadWaiters opens conns WebSocket sessions (1 h TTL) and queues n
-// acquires, one each on held locks s0000000.. s(n-1), spread over them.
-// A queued acquire gets no reply (the grant would be pushed), so each batch
-// ends with a keepalive: the server handles a connection's frames in order,
-// so its reply means every acquire before it was committed. On an error (a
-// leader change) the session is resumed on the new leader and the batch is
-// sent again: acquire is idempotent and a waiter keeps its place.
-func loadWaiters(ctx context.Context, ref *leaderRef, n int64, conns int) (func(), error) {
-	var mu sync.Mutex
-	var open []*websocket.Conn
-	closeAll := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range open {
-			c.CloseNow()
-		}
-		open = nil
-	}
-	closeWSNow = closeAll
-	per := (n + int64(conns) - 1) / int64(conns)
-	var done atomic.Int64
-	errc := make(chan error, conns)
-	var wg sync.WaitGroup
-	stopProg := make(chan struct{})
-	go func() {
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopProg:
-				return
-			case <-t.C:
-				fmt.Fprintf(os.Stderr, "\rwaiters queued: %d / %d   ", done.Load(), n)
-			}
-		}
-	}()
-	defer close(stopProg)
-	for k := 0; k < conns; k++ {
-		from, to := int64(k)*per, min(int64(k+1)*per, n)
-		if from >= to {
-			continue
-		}
-		wg.Add(1)
-		go func(k int) {
-			defer wg.Done()
-			var c *websocket.Conn
-			var sessionID string
-			id := uint64(0)
-			// dial (re)connects to the leader and says hello, resuming the session.
-			dial := func() error {
-				if c != nil {
-					c.CloseNow()
-				}
-				base := ref.get().httpURL
-				wsURL := "ws" + strings.TrimPrefix(base, "http") + "/api/v1/ws"
-				dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				nc, _, err := websocket.Dial(dctx, wsURL, nil)
-				cancel()
-				if err != nil {
-					return err
-				}
-				nc.SetReadLimit(1 << 20)
-				c = nc
-				mu.Lock()
-				open = append(open, c)
-				mu.Unlock()
-				ttl := int64(api.MaxSessionTTLms)
-				id++
-				if err := wsSend(ctx, c, api.WSRequest{ID: id, Op: api.OpHello, ClientID: fmt.Sprintf("waiter-%d", k), SessionTTLms: &ttl, SessionID: sessionID}); err != nil {
-					return err
-				}
-				m, err := wsWaitID(ctx, c, id)
-				if err != nil {
-					return fmt.Errorf("hello: %w", err)
-				}
-				sessionID = m.SessionID
-				return nil
-			}
-			batch := func(from, to int64) error {
-				wait := int64(api.MaxWaitTimeoutMs)
-				for i := from; i < to; i++ {
-					id++
-					if err := wsSend(ctx, c, api.WSRequest{ID: id, Op: api.OpAcquire, Lock: scaleLockName(i), WaitTimeoutMs: &wait}); err != nil {
-						return err
-					}
-				}
-				id++
-				if err := wsSend(ctx, c, api.WSRequest{ID: id, Op: api.OpKeepalive}); err != nil {
-					return err
-				}
-				m, err := wsWaitID(ctx, c, id)
-				if err != nil {
-					return fmt.Errorf("keepalive: %w", err)
-				}
-				if m.Type != api.TypeOK {
-					return fmt.Errorf("keepalive: %s", m.Type)
-				}
-				return nil
-			}
-			errc <- func() error {
-				if err := ref.retry(ctx, dial, nil); err != nil {
-					return err
-				}
-				for i := from; i < to; {
-					end := min(i+500, to)
-					redial := false // after a failed batch, on a fresh connection to the leader
-					err := ref.retry(ctx, func() error {
-						if redial {
-							if err := dial(); err != nil {
-								return err
-							}
-						}
-						err := batch(i, end)
-						redial = err != nil
-						return err
-					}, nil)
-					if err != nil {
-						return err
-					}
-					done.Add(end - i)
-					i = end
-				}
-				return nil
-			}()
-		}(k)
-	}
-	wg.Wait()
-	close(errc)
-	var all []error
-	for err := range errc {
-		all = append(all, err)
-	}
-	if err := errors.Join(all...); err != nil {
-		closeAll()
-		return func() {}, err
-	}
-	return closeAll, nil
-}
-
-func wsSend(ctx context.Context, c *websocket.Conn, req api.WSRequest) error {
-	b, _ := json.Marshal(req)
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	return c.Write(wctx, websocket.MessageText, b)
-}
-
-// wsWaitID reads frames until the reply with id; an error reply to any
-// acquire is fatal (a waiter that was not queued).
-func wsWaitID(ctx context.Context, c *websocket.Conn, id uint64) (*api.WSMessage, error) {
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	for {
-		_, b, err := c.Read(rctx)
-		if err != nil {
-			return nil, err
-		}
-		var m api.WSMessage
-		if err := json.Unmarshal(b, &m); err != nil {
-			return nil, err
-		}
-		if m.Type == api.TypeError {
-			msg := ""
-			if m.Error != nil {
-				msg = m.Error.Code + ": " + m.Error.Message
-			}
-			return nil, fmt.Errorf("request %d: %s", m.ID, msg)
-		}
-		if m.ID == id {
-			return &m, nil
-		}
-	}
 }
 
 // metricValue reads one unlabelled gauge from /metrics.
@@ -719,15 +582,17 @@ func electionsOf(lc *lockdCluster) []election {
 	return out
 }
 
-// hashicorp/raft's log lines, e.g.
+// hashicorp/raft's log lines, in its own format, e.g.
 // 2026-11-29T08:48:41.061Z [INFO]  raft.n1: starting snapshot up to: index=24
+// or through lockd's slog logger (one log format), e.g.
+// time=2026-11-29T08:48:41.061Z level=INFO msg="starting snapshot up to" component=raft index=24
 var (
-	reSnapStart  = regexp.MustCompile(`^(\S+) \[INFO\]\s+raft\S*: starting snapshot up to: index=(\d+)`)
-	reSnapCreate = regexp.MustCompile(`^(\S+) \[INFO\]\s+raft\S*: creating new snapshot: path=(\S+)`)
-	reSnapDone   = regexp.MustCompile(`^(\S+) \[INFO\]\s+raft\S*: snapshot complete up to: index=(\d+)`)
+	reSnapStart  = regexp.MustCompile(`^(?:time=)?(\S+) .*starting snapshot up to\b.*\bindex=(\d+)`)
+	reSnapCreate = regexp.MustCompile(`^(?:time=)?(\S+) .*creating new snapshot\b.*\bpath="?([^"\s]+)`)
+	reSnapDone   = regexp.MustCompile(`^(?:time=)?(\S+) .*snapshot complete up to\b.*\bindex=(\d+)`)
 	reSnapTaken  = regexp.MustCompile(`msg="snapshot taken" id=\d+-(\d+)-\d+ bytes=(\d+) locks=(\d+).* took=(\S+)`)
 	reRestoredL  = regexp.MustCompile(`^time=(\S+) .*msg="snapshot restored" bytes=(\d+) locks=(\d+)`)
-	reRestored   = regexp.MustCompile(`^(\S+) \[INFO\]\s+raft\S*: restored from snapshot: .*size-in-bytes=(\d+)`)
+	reRestored   = regexp.MustCompile(`^(?:time=)?(\S+) .*restored from snapshot\b.*size-in-bytes=(\d+)`)
 	reReadyAfter = regexp.MustCompile(`msg="became leader".*ready_after=(\S+)`)
 )
 
@@ -859,11 +724,17 @@ func cycle(ctx context.Context, hc *http.Client, base, name, client string) (acq
 	if err != nil {
 		return 0, 0, err
 	}
-	var ar api.AcquireReply
-	err = json.NewDecoder(resp.Body).Decode(&ar)
+	b, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("acquire %s: status %d %v", name, resp.StatusCode, err)
+	if err != nil {
+		return 0, 0, fmt.Errorf("acquire %s: %w", name, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("acquire %s: status %d: %w", name, resp.StatusCode, httpAPIErr(resp, b))
+	}
+	var ar api.AcquireReply
+	if err := json.Unmarshal(b, &ar); err != nil {
+		return 0, 0, fmt.Errorf("acquire %s: %w", name, err)
 	}
 	a1 := time.Now()
 	err = postOK(ctx, hc, base+"/api/v1/locks/"+name+"/release",
@@ -1001,6 +872,7 @@ func writeScaleMarkdown(w io.Writer, rep *scaleReport) {
 	mem("RSS with the held locks", rep.MemoryHeld)
 	mem("RSS with held locks and waiters", rep.MemoryFull)
 	fmt.Fprintf(w, "Table per /metrics: %d held, %d waiting.\n\n", rep.HeldMetric, rep.WaitMetric)
+	writeWaiterBurstMarkdown(w, rep)
 	if len(rep.Final) > 0 {
 		fmt.Fprintln(w, "Snapshot of the full table (total = lockd's \"snapshot taken ... took=\": the FSM encoding the table while applies wait, then writing and syncing it; persist = hashicorp/raft's \"starting snapshot\" → \"snapshot complete\", the write and sync alone):")
 		fmt.Fprintln(w)
@@ -1027,6 +899,7 @@ func writeScaleMarkdown(w io.Writer, rep *scaleReport) {
 	if rep.Errors > 0 {
 		fmt.Fprintf(w, "Loading retried %d requests; the first: %s\n\n", rep.Errors, rep.ErrorSample)
 	}
+	writeFailoverMarkdown(w, rep)
 	if r := rep.Restart; r != nil {
 		fmt.Fprintf(w, "Restart of every member: stop %.2f s; start → every /readyz 200: %.2f s; start → first linearizable read answered: %.2f s.  \n", r.StopSeconds, r.ReadySeconds, r.FirstReadSeconds)
 		var parts []string

@@ -287,71 +287,59 @@ type httpErr struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
 	} `json:"error"`
+	// retryAfter is the answer's Retry-After header (overloaded,
+	// no_leader, a budget's resource_exhausted).
+	retryAfter    time.Duration
+	hasRetryAfter bool
+}
+
+// refusal is the answer as an apiErr when a well-behaved client retries
+// it (SPEC 15), else nil.
+func (r *httpErr) refusal() *apiErr {
+	if r == nil || r.Error == nil || !retryable(r.Error.Code) {
+		return nil
+	}
+	return &apiErr{Code: r.Error.Code, Msg: r.Error.Message, RetryAfter: r.retryAfter, HasRetryAfter: r.hasRetryAfter}
 }
 
 // post sends body to the lock operation op and follows leader redirects.
-// A 503 (no_leader, or overloaded: the member refused the work before
-// proposing anything) is waited out — its Retry-After, or a short backoff —
-// and sent again, as the Go client does (SPEC 15).
 func (w *lockdHTTPWorker) post(ctx context.Context, name, op string, body []byte) (*httpErr, int, error) {
-	backoff := 20 * time.Millisecond
-	for {
-		r, st, retryAfter, err := w.postOnce(ctx, name, op, body)
-		if err != nil || st != http.StatusServiceUnavailable {
-			return r, st, err
-		}
-		wait := max(retryAfter, backoff)
-		backoff = min(2*backoff, time.Second)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return r, st, nil
-		case <-t.C:
-		}
-	}
-}
-
-func (w *lockdHTTPWorker) postOnce(ctx context.Context, name, op string, body []byte) (*httpErr, int, time.Duration, error) {
 	for hops := 0; hops < 5; hops++ {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost,
 			w.base+"/api/v1/locks/"+url.PathEscape(name)+"/"+op, bytes.NewReader(body))
 		if err != nil {
-			return nil, 0, 0, err
+			return nil, 0, err
 		}
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := w.hc.Do(req)
 		if err != nil {
-			return nil, 0, 0, err
+			return nil, 0, err
 		}
 		b, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if err != nil {
-			return nil, 0, 0, err
+			return nil, 0, err
 		}
 		if resp.StatusCode == http.StatusTemporaryRedirect {
 			if l := resp.Header.Get("X-Lockd-Leader"); l != "" {
 				w.base = l
 				continue
 			}
-			return nil, resp.StatusCode, 0, errors.New("redirect without X-Lockd-Leader")
-		}
-		var retryAfter time.Duration
-		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
-			retryAfter = time.Duration(s) * time.Second
+			return nil, resp.StatusCode, errors.New("redirect without X-Lockd-Leader")
 		}
 		var r httpErr
 		if err := json.Unmarshal(b, &r); err != nil {
-			return nil, resp.StatusCode, retryAfter, fmt.Errorf("status %d: %s", resp.StatusCode, b)
+			return nil, resp.StatusCode, fmt.Errorf("status %d: %s", resp.StatusCode, b)
 		}
-		return &r, resp.StatusCode, retryAfter, nil
+		r.retryAfter, r.hasRetryAfter = parseRetryAfterHeader(resp.Header.Get("Retry-After"), time.Now())
+		return &r, resp.StatusCode, nil
 	}
-	return nil, 0, 0, errors.New("too many redirects")
+	return nil, 0, errors.New("too many redirects")
 }
 
 func (w *lockdHTTPWorker) lock(ctx context.Context, name string) error {
 	body := []byte(`{"client_id":"` + w.id + `","ttl_ms":30000,"wait_timeout_ms":30000}`)
-	for ctx.Err() == nil {
+	for try := 0; ctx.Err() == nil; try++ {
 		r, st, err := w.post(ctx, name, "acquire", body)
 		if err != nil {
 			return err
@@ -361,6 +349,11 @@ func (w *lockdHTTPWorker) lock(ctx context.Context, name string) error {
 			return nil
 		}
 		if r.Error != nil && r.Error.Code == "wait_timeout" {
+			continue
+		}
+		if e := r.refusal(); e != nil {
+			// Refused before it took effect: wait as the server asked.
+			sleepCtx(ctx, backoffFor(e, try))
 			continue
 		}
 		if r.Error != nil {
@@ -374,6 +367,10 @@ func (w *lockdHTTPWorker) lock(ctx context.Context, name string) error {
 func (w *lockdHTTPWorker) unlock(ctx context.Context) error {
 	body := []byte(`{"client_id":"` + w.id + `","fencing_token":` + strconv.FormatUint(w.token, 10) + `}`)
 	r, st, err := w.post(ctx, w.name, "release", body)
+	for try := 0; err == nil && r.refusal() != nil && ctx.Err() == nil; try++ {
+		sleepCtx(ctx, backoffFor(r.refusal(), try))
+		r, st, err = w.post(ctx, w.name, "release", body)
+	}
 	if err != nil {
 		return err
 	}
