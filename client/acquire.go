@@ -680,7 +680,11 @@ func (c *Client) onAcquireErrorLocked(cs *wsConn, op *acquireOp, m *api.WSMessag
 	se := serverError(m.Error, 0)
 	se.Leader, se.Holder, se.Lock = m.Leader, m.Holder, m.Lock
 	var err error = se
-	switch se.API.Code {
+	code := se.API.Code
+	if refusedForNow(m.Error, m.RetryAfterMs) {
+		code = api.CodeOverloaded // a budget's refusal: retried alike
+	}
+	switch code {
 	case api.CodeSessionExpired:
 		c.sessionLostLocked(op.sess, fmt.Errorf("%w: the server ended the session", ErrSessionExpired), false)
 		return nil

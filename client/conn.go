@@ -41,6 +41,14 @@ func retryAfter(m *api.WSMessage) time.Duration {
 	return time.Duration(max(m.RetryAfterMs, 0)) * time.Millisecond
 }
 
+// refusedForNow reports whether an error frame refused the request only
+// for the moment, nothing proposed: overloaded, or a client's or token's
+// share of the member in use (resource_exhausted with a retry hint; a
+// quota's has none and stands until something is released).
+func refusedForNow(e *api.Error, retryAfterMs int64) bool {
+	return e != nil && (e.Code == api.CodeOverloaded || (e.Code == api.CodeResourceExhausted && retryAfterMs > 0))
+}
+
 // errConnLost: the connection went away before the reply came; the caller
 // may retry on the next one.
 var errConnLost = errors.New("lockd: connection lost")
@@ -594,7 +602,11 @@ func (c *Client) roundTrip(ctx context.Context, s *session, req *api.WSRequest) 
 			return nil, first, err
 		}
 		if m.Type == api.TypeError && m.Error != nil {
-			switch m.Error.Code {
+			code := m.Error.Code
+			if refusedForNow(m.Error, m.RetryAfterMs) {
+				code = api.CodeOverloaded // a budget's refusal: retried alike
+			}
+			switch code {
 			case api.CodeNotLeader, api.CodeNoLeader:
 				// The member lost the leadership: find the new leader.
 				c.mu.Lock()

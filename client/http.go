@@ -233,10 +233,10 @@ func (a *API) call(ctx context.Context, r *request) error {
 			lastErr = err
 			round.add(err)
 			var se *ServerError
-			if errors.As(err, &se) && se.Status == http.StatusServiceUnavailable {
+			if errors.As(err, &se) && (se.Status == http.StatusServiceUnavailable || se.Status == http.StatusTooManyRequests) {
 				ra := se.retryAfter()
-				if se.API.Code != api.CodeOverloaded {
-					ra = min(ra, a.max) // a hint to look again soon, not a budget
+				if se.API.Code == api.CodeNoLeader {
+					ra = min(ra, a.max) // a hint to look again soon, not a refusal to wait out
 				}
 				retryAfter = max(retryAfter, ra)
 			}
@@ -400,7 +400,8 @@ func (a *API) try(ctx context.Context, r *request, u string) (err error, retry b
 			}
 			// overloaded: the member proposed nothing, so any request may
 			// be sent again.
-			return se, se.API.Code == api.CodeNoLeader || se.API.Code == api.CodeOverloaded
+			return se, se.API.Code == api.CodeNoLeader || se.API.Code == api.CodeOverloaded ||
+				(se.API.Code == api.CodeResourceExhausted && se.retryAfterHdr != "") // a budget's, not a quota's
 		}
 	}
 }

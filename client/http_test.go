@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -189,5 +190,37 @@ func TestAPIDeadlineDuringRetry(t *testing.T) {
 	_, err = a.Acquire(ctx2, "x", "w", time.Second, 0)
 	if err == nil || errors.Is(err, client.ErrNoLeader) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("write: %v, want a bare deadline (outcome unknown)", err)
+	}
+}
+
+// A client's share of the member in use (429 resource_exhausted with
+// Retry-After) is waited out and retried like overloaded; a quota's 429
+// (no Retry-After) is not.
+func TestAPIRetriesBudgetRefusals(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch n := calls.Add(1); {
+		case strings.Contains(r.URL.Path, "quota"):
+			w.WriteHeader(http.StatusTooManyRequests)
+			io.WriteString(w, `{"error":{"code":"resource_exhausted","message":"quota max-locks (1) reached"}}`)
+		case n == 1:
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			io.WriteString(w, `{"error":{"code":"resource_exhausted","message":"client c has 16 acquires in flight, its share"}}`)
+		default:
+			io.WriteString(w, `{"acquired":true,"lock":"x","client_id":"c","fencing_token":7,"expires_at":"2030-01-01T00:00:00.000Z"}`)
+		}
+	}))
+	defer srv.Close()
+	a := newAPI(t, srv.URL)
+	start := time.Now()
+	g, err := a.Acquire(context.Background(), "x", "c", time.Minute, 0)
+	if err != nil || g.FencingToken != 7 || time.Since(start) < time.Second {
+		t.Fatalf("through a budget refusal: %+v %v after %v", g, err, time.Since(start))
+	}
+	_, err = a.Acquire(context.Background(), "quota", "c", time.Minute, 0)
+	if !errors.Is(err, client.ErrResourceExhausted) {
+		t.Fatalf("a quota's refusal: %v", err)
 	}
 }
