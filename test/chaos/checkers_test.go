@@ -327,6 +327,7 @@ func Check(h History, opts CheckOptions) *Report {
 	checkElections(fwd, r, v)
 	checkRetriedWaits(eh, r, v)
 	checkCancels(h, gs, r, v)
+	checkFlood(h, v)
 	r.Violations, r.Counts = v.list, v.count
 	return r
 }

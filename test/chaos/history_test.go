@@ -117,8 +117,11 @@ type Op struct {
 	Return  int64   `json:"return"`
 	Outcome Outcome `json:"outcome"`
 	Code    string  `json:"code,omitempty"` // error code of a definite refusal
-	Status  int     `json:"status,omitempty"`
-	Err     string  `json:"err,omitempty"`
+	// RetryAfterMs is the retry delay of an admission refusal
+	// (overloaded, a budget's resource_exhausted).
+	RetryAfterMs int64  `json:"retry_after_ms,omitempty"`
+	Status       int    `json:"status,omitempty"`
+	Err          string `json:"err,omitempty"`
 	// GaveUp: the client stopped waiting for the reply on its own timeout,
 	// the connection still open (not a reset, a refusal or the run's end).
 	GaveUp bool `json:"gave_up,omitempty"`
@@ -405,6 +408,9 @@ type History struct {
 	// Notes are harness observations that are not operations (liveness
 	// trouble, replica comparison), kept for the reader of a failed run.
 	Notes []string `json:"notes,omitempty"`
+	// Flood is what the overload phase's flood was answered (nil without
+	// one).
+	Flood *FloodReport `json:"flood,omitempty"`
 }
 
 // Recorder collects a history from many goroutines. Times come from one

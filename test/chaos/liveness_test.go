@@ -26,6 +26,7 @@ var livenessCheckers = map[string]bool{
 	"watch-live":   true, // a watcher that stays connected shows each watched lock's final state within a bound
 	"blocking":     true, // a blocking query answers when a change above its index commits, or when its wait ends
 	"ws-answer":    true, // a WebSocket acquire that joined a wait is answered when the wait ends, while its connection lives
+	"flood-cut":    true, // no connection is cut because the server fell behind while overloaded
 }
 
 // electionTimeout is the members' election timeout: the grace a new leader

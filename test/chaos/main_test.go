@@ -39,6 +39,7 @@ var (
 	flagFaults   = flag.String("chaos.faults", "", "comma-separated fault kinds (default: all; see AllFaults)")
 	flagKeep     = flag.Bool("chaos.keep", false, "write the history and logs of a passing run too")
 	flagReplay   = flag.String("chaos.replay", "", "history.json of an earlier run to check again (TestReplay)")
+	flagOverload = flag.Bool("chaos.overload", false, "a -chaos.duration run with the overload phase: flood generators and bursts of waits offer far more than the cluster commits, the whole run long")
 	flagLockd    = flag.String("chaos.lockd-flags", "", "extra lockd flags for every member, space-separated (e.g. \"--log-store bolt\": the default is wal)")
 )
 

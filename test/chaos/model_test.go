@@ -281,7 +281,9 @@ func modelOutcome(op Op) (Outcome, bool) {
 		return op.Outcome, true
 	case op.Code == "lock_held", op.Code == "wait_timeout", op.Code == "not_holder", op.Code == "limit_mismatch", op.Code == "cancelled":
 		return Fail, true
-	case op.Code == "":
+	case op.Code == "", op.Code == "overloaded", op.Code == "resource_exhausted":
+		// Not sent, or refused before anything was proposed (admission
+		// control, a quota): no effect.
 		return Fail, false
 	}
 	return Unknown, true

@@ -55,6 +55,9 @@ func TestChaos(t *testing.T) {
 				KindsHTTP: 2, KindsWS: 2, DelayRounds: true, Revoker: true, Withdraw: true,
 				ElectWS: 2, ElectHTTP: 1, ElectClient: 1, PrefixWatchers: 2, LockWatchers: 1, Blockers: 2, ClientObserver: true,
 				WSRetry: 2, Churners: 2, ChurnWatchers: 2}}
+		if *flagOverload {
+			cfg.Workload.Flood, cfg.Workload.FloodBurst = 4, true
+		}
 		t.Run(fmt.Sprintf("members=%d", members), func(t *testing.T) { runChaos(t, cfg) })
 		return
 	}
@@ -72,6 +75,14 @@ func TestChaos(t *testing.T) {
 		runChaos(t, runConfig{Members: 5, Duration: 15 * time.Second, Seed: seed + 1, Workload: small, RestoreRounds: 2,
 			Faults: faultKinds([]string{FaultKillFollower, FaultPauseFollower, FaultIsolateLeader,
 				FaultOneWayRandom, FaultSlowNet, FaultKillLeaderFast, FaultTermLeader})})
+	})
+	// The overload phase: the same workload and checkers while a flood
+	// offers far more than the cluster commits.
+	flooded := small
+	flooded.Flood, flooded.FloodBurst = 2, true
+	t.Run("overload", func(t *testing.T) {
+		runChaos(t, runConfig{Members: 3, Duration: 20 * time.Second, Seed: seed + 2, Workload: flooded,
+			Faults: faultKinds([]string{FaultKillLeader, FaultPauseLeader, FaultPartition, FaultPauseFollower})})
 	})
 }
 
@@ -188,6 +199,9 @@ func runChaos(t *testing.T, cfg runConfig) {
 	stopStalls()
 	<-stalls
 	h := rec.History()
+	if cfg.Workload.Flood > 0 || cfg.Workload.FloodBurst {
+		h.Flood = w.flood.report()
+	}
 	h.Seed, h.Members, h.Duration = cfg.Seed, cfg.Members, cfg.Duration.String()
 	h.ElectionTimeoutMs = et.Milliseconds()
 	// An explicit run writes its history before checking it: if the check
@@ -277,6 +291,16 @@ func summarize(cfg runConfig, h History, rep *Report, nem *Nemesis, c *Cluster, 
 		via[op.Via]++
 	}
 	fmt.Fprintf(&b, "operations: %d (http %d, go client %d, websocket %d, nemesis %d)\n", len(h.Ops), via["http"], via["client"], via["ws"], via["nemesis"])
+	if f := h.Flood; f != nil {
+		refused := 0
+		for _, op := range h.Ops {
+			if refusedForNow(op) {
+				refused++
+			}
+		}
+		fmt.Fprintf(&b, "overload: the flood sent %d cycles, %d granted, answers %v; bursts granted %d waits; %d admission refusals without a retry delay, %d connections cut; the workers were refused for now %d times\n",
+			f.Sent, f.Granted, f.Codes, f.Queued, f.NoRetry, f.Cuts, refused)
+	}
 	for _, k := range []OpKind{KindAcquire, KindMulti, KindCancel, KindRelease, KindRenew, KindRevoke, KindValue, KindRead, KindFence, KindKeepalive, KindLost,
 		KindWatch, KindUnwatch, KindChanged, KindSynced, KindResync, KindFinal, KindWSClosed, KindMemberAdd, KindMemberExit, KindMemberPanic} {
 		if c := byKind[k]; c != nil {

@@ -236,7 +236,8 @@ func (w *Workload) probe(ctx context.Context, rng *rand.Rand) {
 }
 
 // unrecordedPrefix names locks whose acquires no history records (the
-// nemesis's failover probe): reads of them would contradict the model.
+// nemesis's failover probe, the overload flood): reads of them would
+// contradict the model.
 const unrecordedPrefix = "chaos-"
 
 // list reads every lock under prefix with one linearizable list request

@@ -65,6 +65,12 @@ type WorkloadOptions struct {
 	// fast as they can while ChurnWatchers raw WebSocket watchers start
 	// watch after watch of them (retrywatch_workload_test.go).
 	WSRetry, Churners, ChurnWatchers int
+	// Flood HTTP generators each start floodRate acquire-and-release
+	// cycles a second on flood locks, open loop; FloodBurst sends bursts
+	// of waits over WebSocket now and then (flood_workload_test.go): the
+	// overload phase.
+	Flood      int
+	FloodBurst bool
 	// ElectionTimeout is the members' election timeout (0: lockd's
 	// default): waits that must outlast an expiry are sized with it.
 	ElectionTimeout time.Duration
@@ -109,6 +115,8 @@ type Workload struct {
 	// before), the moment holders stopped counting on what they held.
 	watchers  sync.WaitGroup
 	closingAt atomic.Int64
+
+	flood floodStats // the overload phase's flood (not in the history)
 }
 
 var errRedirectLoop = errors.New("too many redirects")
@@ -203,6 +211,13 @@ func (w *Workload) Run(ctx context.Context) {
 	if w.opts.Withdraw {
 		spawn(w.wdRounds, 1400)
 	}
+	for i := 0; i < w.opts.Flood; i++ {
+		id := i
+		spawn(func(ctx context.Context, rng *rand.Rand) { w.floodHTTP(ctx, id, rng) }, uint64(2400+i))
+	}
+	if w.opts.FloodBurst {
+		spawn(w.floodBurst, 2500)
+	}
 	w.startElections(ctx, spawn)
 	wg.Wait()
 	w.freezeElections()
@@ -268,12 +283,13 @@ func expiryLB(inv int64, ttl time.Duration) int64 {
 
 // reply is the classified answer to one HTTP request.
 type reply struct {
-	status  int
-	body    []byte
-	outcome Outcome
-	code    string
-	err     string
-	gaveUp  bool // the call's own timeout ran out, no reply read
+	status     int
+	body       []byte
+	outcome    Outcome
+	code       string
+	err        string
+	gaveUp     bool          // the call's own timeout ran out, no reply read
+	retryAfter time.Duration // Retry-After of an admission refusal
 }
 
 // endpoint keeps a worker's guess of the leader.
@@ -335,6 +351,16 @@ func (w *Workload) call(ctx context.Context, ep *endpoint, method, path string, 
 			ep.hint = resp.Request.URL.Scheme + "://" + resp.Request.URL.Host
 		case resp.StatusCode == 409:
 			r.outcome = Fail
+			ep.hint = resp.Request.URL.Scheme + "://" + resp.Request.URL.Host
+		case resp.StatusCode == 503 && er.Error.Code == api.CodeOverloaded,
+			resp.StatusCode == 429 && er.Error.Code == api.CodeResourceExhausted:
+			// Refused before anything was proposed (admission control, or
+			// a quota): definite, and a refusal for now carries when to
+			// come back.
+			r.outcome = Fail
+			if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+				r.retryAfter = time.Duration(ra) * time.Second
+			}
 			ep.hint = resp.Request.URL.Scheme + "://" + resp.Request.URL.Host
 		case resp.StatusCode == 503 && strings.HasPrefix(er.Error.Message, "no leader"):
 			// Answered before anything was proposed: this member knows no
@@ -425,6 +451,14 @@ func (w *Workload) acquireKind(ctx context.Context, ep *endpoint, worker, lock, 
 
 func (op *Op) fill(r reply) {
 	op.Outcome, op.Code, op.Status, op.Err, op.GaveUp = r.outcome, r.code, r.status, r.err, r.gaveUp
+	op.RetryAfterMs = r.retryAfter.Milliseconds()
+}
+
+// refusedForNow reports an admission refusal (overloaded, or a client's
+// or token's share in use): nothing was proposed, and the request may be
+// sent again after its retry delay.
+func refusedForNow(op Op) bool {
+	return op.Outcome == Fail && (op.Code == api.CodeOverloaded || (op.Code == api.CodeResourceExhausted && op.RetryAfterMs > 0))
 }
 
 // wallTime converts a SPEC time from the server (its wall clock) to history
@@ -456,6 +490,13 @@ func retryChain(ctx context.Context, rng *rand.Rand, d time.Duration, try func()
 	unknowns := 0
 	for {
 		op := try()
+		if refusedForNow(op) && !time.Now().After(deadline) {
+			// Nothing was proposed; come back when the member said to.
+			if !sleep(ctx, time.Duration(op.RetryAfterMs)*time.Millisecond+jitter(rng, 0, 100*time.Millisecond)) {
+				return op
+			}
+			continue
+		}
 		if definite(op) || time.Now().After(deadline) {
 			return op
 		}
