@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -206,6 +207,17 @@ func (wc *wsConn) readLoop() string {
 			wc.replyErr(0, invalid("frames must be text JSON"))
 			continue
 		}
+		// Yield once per frame, to the back of the scheduler's global queue.
+		// A connection whose frames are already buffered never blocks, and
+		// the requests it spawns hand the processor to each other; while
+		// client work keeps every processor's own queue full, the goroutines
+		// the network poller wakes — Raft's heartbeat replies among them —
+		// wait in the global queue, which a busy processor serves once per
+		// 61 turns: a burst of 100k waits kept the heartbeat goroutine
+		// runnable for up to 0.64 s, and the leader stepped down (execution
+		// trace, docs/BENCHMARKS.md). Through the global queue client work
+		// takes its turn behind what the network woke.
+		runtime.Gosched()
 		var req api.WSRequest
 		if err := decodeJSON("frame", b, &req); err != nil {
 			wc.replyErr(frameID(b), err)
@@ -332,6 +344,7 @@ func (wc *wsConn) serve(req api.WSRequest) {
 	if wc.ctx.Err() != nil {
 		return
 	}
+	runtime.Gosched() // behind what the network woke (see readLoop)
 	defer wc.enter()()
 	if err := wc.authorize(req); err != nil {
 		wc.fail(req.ID, err)

@@ -3,6 +3,7 @@ package server
 import (
 	"io"
 	"net/http"
+	"runtime"
 	"time"
 )
 
@@ -68,6 +69,14 @@ func limitRequests(next http.Handler, lim ConnLimits) http.Handler {
 		if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
 			_ = rc.SetReadDeadline(time.Now().Add(lim.BodyTimeout))
 			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+		}
+		if r.Header.Get("Upgrade") == "" {
+			// A connection's pipelined requests never block on the network;
+			// yield each to the back of the scheduler's global queue, where
+			// the goroutines the network poller wakes (Raft's heartbeat
+			// replies among them) wait while client work keeps every
+			// processor busy (see httpapi's WebSocket read loop).
+			runtime.Gosched()
 		}
 		next.ServeHTTP(w, r)
 	})
