@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,8 @@ type burst struct {
 	sent, resent, granted atomic.Int64
 	mu                    sync.Mutex
 	ended                 map[string]int64 // final answers other than a grant, by code
+	reopenFailed          int64            // times a session could not be reopened for now
+	firstGetErr           string           // why a session first failed to reopen
 	sendStart             time.Time
 	sendDone              atomic.Int64 // unix ns when the last first send was written
 	sending               atomic.Int64 // connections still making their first sends
@@ -247,6 +250,9 @@ func (bc *burstConn) answer(i int, f wsFrame, err error) {
 }
 
 // retries sends refused waits again once their Retry-After has passed.
+// A session that cannot be reached for now (no leader, refused, a hello
+// that failed) delays the wait and tries again: a burst only gives up when
+// ctx ends or the session is closed.
 func (bc *burstConn) retries(ctx context.Context) {
 	for {
 		select {
@@ -257,10 +263,16 @@ func (bc *burstConn) retries(ctx context.Context) {
 				return
 			}
 			c, err := bc.s.get(ctx)
-			bc.pending.Add(-1)
 			if err != nil {
-				return
+				if ctx.Err() != nil || errors.Is(err, errSessionClosed) {
+					return
+				}
+				bc.b.getFailed(err)
+				r.at = time.Now().Add(time.Second)
+				bc.retryq <- r // it came out of this queue: there is room
+				continue
 			}
+			bc.pending.Add(-1)
 			bc.b.st.retried()
 			if bc.send(ctx, c, r.i) != nil {
 				c.abort() // marked sent: the reconnect sends it again
@@ -276,13 +288,31 @@ func (bc *burstConn) reconnects(ctx context.Context) {
 	for {
 		c, err := bc.s.get(ctx)
 		if err != nil {
-			return
+			if ctx.Err() != nil || errors.Is(err, errSessionClosed) {
+				return
+			}
+			bc.b.getFailed(err)
+			if !sleepCtx(ctx, time.Second) {
+				return
+			}
+			continue
 		}
 		select {
 		case <-c.done:
 		case <-ctx.Done():
 			return
 		}
+	}
+}
+
+// getFailed counts a session that could not be (re)opened for now, and
+// keeps the first reason for the report.
+func (b *burst) getFailed(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.reopenFailed++
+	if b.firstGetErr == "" {
+		b.firstGetErr = err.Error()
 	}
 }
 
@@ -322,6 +352,11 @@ type burstResult struct {
 	Refused     int64       `json:"still_refused_at_end"`
 	Unsent      int64       `json:"never_sent"`
 	Queued      int64       `json:"queued_per_leader_metrics"`
+	// ReopenFailed counts the times a session could not be reopened for
+	// now (its waits were delayed and tried again); FirstReopenError says
+	// why the first time.
+	ReopenFailed     int64  `json:"reopen_failed_for_now,omitempty"`
+	FirstReopenError string `json:"first_reopen_error,omitempty"`
 }
 
 func (b *burst) result(locks int, at float64, queued int64) burstResult {
@@ -332,13 +367,15 @@ func (b *burst) result(locks int, at float64, queued int64) burstResult {
 	}
 	b.mu.Lock()
 	ended := sortedCounts(b.ended)
+	reopenFailed, firstGetErr := b.reopenFailed, b.firstGetErr
 	b.mu.Unlock()
 	b.st.mu.Lock()
 	retried := b.st.retries
 	b.st.mu.Unlock()
 	return burstResult{Waits: n, Conns: len(b.conns), Locks: locks, AtSeconds: at, SendSeconds: b.sendSeconds(),
 		Sent: b.sent.Load(), Resent: b.resent.Load(), Retried: retried, Granted: b.granted.Load(), Ended: ended,
-		Unanswered: sent, Refused: refused, Unsent: unsent, Queued: queued}
+		Unanswered: sent, Refused: refused, Unsent: unsent, Queued: queued,
+		ReopenFailed: reopenFailed, FirstReopenError: firstGetErr}
 }
 
 // parallel runs f(0..n-1), at most k at once, and returns the first error
