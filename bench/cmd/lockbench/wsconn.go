@@ -238,7 +238,14 @@ func (wc *wsConn) send(ctx context.Context, req api.WSRequest, cb func(wsFrame, 
 	req.ID = id
 	b, err := json.Marshal(req)
 	if err == nil {
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		// The write is bounded by the connection's own timeout, not by
+		// the request's context: coder/websocket closes the connection
+		// when a write's context ends, and a request given up while the
+		// server pushes back (it reads no further while a connection has
+		// its most requests in flight) must not end the connection every
+		// other request on it shares. The request's own bound ends its
+		// wait in call.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		err = wc.c.Write(wctx, websocket.MessageText, b)
 		cancel()
 	}
