@@ -682,6 +682,30 @@ func (a *API) Status(ctx context.Context, name string, stale bool) (*api.LockSta
 	return &rep, nil
 }
 
+// Holders reads one page of lock name's holders in token order
+// (GET /api/v1/locks/{name}/holders): those with a token above after (""
+// for the first page), at most limit (0: the server's default, 1000; at
+// most 10 000). A status lists only the 64 lowest tokens of a bigger
+// semaphore; the page's Next is the after of the next page, "" on the last.
+func (a *API) Holders(ctx context.Context, name, after string, limit int) (*api.HoldersPage, error) {
+	q := url.Values{}
+	if after != "" {
+		q.Set("after", after)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	path := lockPath(name, "holders")
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var rep api.HoldersPage
+	if err := a.do(ctx, http.MethodGet, path, nil, &rep); err != nil {
+		return nil, err
+	}
+	return &rep, nil
+}
+
 // StaleStatus reads lock name from the first member that answers, from
 // its own state (GET /api/v1/locks/{name}?stale=true): no leader is
 // needed, and the answer may lag the leader's by what that member has not

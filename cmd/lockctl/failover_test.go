@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -290,3 +291,39 @@ func TestWatchSaysWhenDisconnected(t *testing.T) {
 }
 
 func slicesEqual(a, b []string) bool { return strings.Join(a, "\x00") == strings.Join(b, "\x00") }
+
+// TestReleaseRacedFindsEveryHolder: a grant made as lockctl gave up is
+// given back even when lockctl's client is not among the 64 lowest tokens
+// a semaphore's status lists (it pages the holders).
+func TestReleaseRacedFindsEveryHolder(t *testing.T) {
+	c := testutil.NewCluster(t, 1, testutil.Options{})
+	l := c.WaitLeader(10 * time.Second)
+	a, err := client.NewAPI(client.APIConfig{Endpoints: []string{l.URL()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit, ttl := int64(100), int64(60_000)
+	for i := range 70 {
+		if _, err := a.AcquireRequest(t.Context(), "sem", api.AcquireRequest{ClientID: fmt.Sprintf("h%02d", i), Limit: &limit, TTLms: &ttl}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.AcquireRequest(t.Context(), "sem", api.AcquireRequest{ClientID: "late", Limit: &limit, TTLms: &ttl}); err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	e := &env{g: &globals{clientID: "late"}, stdout: io.Discard, stderr: &stderr}
+	e.releaseRaced(a, []string{"sem"})
+	page, err := a.Holders(t.Context(), "sem", "", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range page.Holders {
+		if h.ClientID == "late" {
+			t.Fatalf("the 71st holder's grant was not given back: %s", stderr.String())
+		}
+	}
+	if page.HoldersTotal != 70 || !strings.Contains(stderr.String(), "released it") {
+		t.Fatalf("holders_total %d; stderr %q", page.HoldersTotal, stderr.String())
+	}
+}

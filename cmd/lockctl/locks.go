@@ -291,7 +291,24 @@ func (e *env) releaseRaced(a *client.API, names []string) {
 			e.note("lock %s: could not check for a grant made as lockctl gave up: %v (it ends with its TTL)", name, err)
 			continue
 		}
-		for _, h := range holdersOf(st) {
+		hs := holdersOf(st)
+		for after := ""; st.HoldersTotal > len(hs) || after != ""; {
+			// A status lists the 64 lowest tokens: page through every
+			// holder of a bigger semaphore.
+			page, err := a.Holders(ctx, name, after, 10000)
+			if err != nil {
+				e.note("lock %s: could not check for a grant made as lockctl gave up: %v (it ends with its TTL)", name, err)
+				break
+			}
+			if after == "" {
+				hs = nil
+			}
+			hs = append(hs, page.Holders...)
+			if after = page.Next; after == "" {
+				break
+			}
+		}
+		for _, h := range hs {
 			if h.ClientID != id {
 				continue
 			}
