@@ -101,6 +101,9 @@ type Observer interface {
 	AcquireDone(outcome string, d time.Duration)
 	// WebSocketConns moves the open WebSocket connection gauge.
 	WebSocketConns(delta int)
+	// WebSocketRequestDone records one WebSocket request's time from its
+	// frame read to its reply queued, by op.
+	WebSocketRequestDone(op string, d time.Duration)
 	// Refused counts a request refused for want of capacity before any
 	// work: by admission control, over a quota, or past a per-connection
 	// bound; code overloaded or resource_exhausted, op the command
@@ -110,9 +113,10 @@ type Observer interface {
 
 type nopObserver struct{}
 
-func (nopObserver) AcquireDone(string, time.Duration) {}
-func (nopObserver) WebSocketConns(int)                {}
-func (nopObserver) Refused(string, string)            {}
+func (nopObserver) AcquireDone(string, time.Duration)          {}
+func (nopObserver) WebSocketConns(int)                         {}
+func (nopObserver) WebSocketRequestDone(string, time.Duration) {}
+func (nopObserver) Refused(string, string)                     {}
 
 // refusal tells the observer when err refuses a request (of kind op) for
 // want of capacity, and returns err. It wraps the refusals the state

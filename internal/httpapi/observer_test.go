@@ -22,7 +22,8 @@ func (o *recordingObserver) AcquireDone(outcome string, _ time.Duration) {
 	defer o.mu.Unlock()
 	o.outcomes = append(o.outcomes, outcome)
 }
-func (o *recordingObserver) WebSocketConns(int) {}
+func (o *recordingObserver) WebSocketConns(int)                         {}
+func (o *recordingObserver) WebSocketRequestDone(string, time.Duration) {}
 func (o *recordingObserver) takeRefusals() []string {
 	o.mu.Lock()
 	defer o.mu.Unlock()

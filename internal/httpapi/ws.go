@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"net/http"
 
@@ -195,6 +196,7 @@ func (wc *wsConn) replyErr(id uint64, err error) {
 func (wc *wsConn) readLoop() string {
 	for {
 		typ, b, err := readFrame(wc.ctx, wc.c)
+		read := time.Now()
 		if errors.Is(err, errFrameTooLarge) {
 			wc.replyErr(0, &apiError{code: api.CodePayloadTooLarge, msg: fmt.Sprintf("a frame is over %d KiB; closing", api.MaxBodyBytes>>10)})
 			wc.end()
@@ -230,11 +232,11 @@ func (wc *wsConn) readLoop() string {
 		}
 		if req.Op == api.OpHello {
 			// Handled here, before anything read after it.
-			if herr := wc.hello(req); herr != nil {
-				if wc.fail(req.ID, herr) {
-					return "leadership lost"
-				}
+			herr := wc.hello(req)
+			if herr != nil && wc.fail(req.ID, herr) {
+				return "leadership lost"
 			}
+			wc.h.obs.WebSocketRequestDone(api.OpHello, time.Since(read))
 			continue
 		}
 		if !wc.helloDone() {
@@ -251,7 +253,7 @@ func (wc *wsConn) readLoop() string {
 			wc.work.Add(1)
 			go func() {
 				defer wc.work.Done()
-				wc.serve(req)
+				wc.serve(req, read)
 			}()
 			continue
 		}
@@ -260,7 +262,7 @@ func (wc *wsConn) readLoop() string {
 		// (a multi-acquire) joins every one of their lanes and is served
 		// once it heads them all; lanes are appended to in read order under
 		// one lock, so two such requests meet in the same order everywhere.
-		it := &laneItem{req: req, need: int32(len(locks)), done: make(chan struct{})}
+		it := &laneItem{req: req, read: read, need: int32(len(locks)), done: make(chan struct{})}
 		wc.mu.Lock()
 		var idle []string
 		for _, l := range locks {
@@ -281,6 +283,7 @@ func (wc *wsConn) readLoop() string {
 // laneItem is a request in the lanes of the locks it names.
 type laneItem struct {
 	req  api.WSRequest
+	read time.Time // when its frame was read
 	need int32         // lanes still to reach it; the last one serves it
 	done chan struct{} // closed once served
 }
@@ -333,17 +336,19 @@ func (wc *wsConn) runLane(lock string) {
 			}
 			continue
 		}
-		wc.serve(it.req)
+		wc.serve(it.req, it.read)
 		close(it.done)
 	}
 }
 
-// serve handles one request (not hello) and frees its in-flight slot.
-func (wc *wsConn) serve(req api.WSRequest) {
+// serve handles one request (not hello) read at read, and frees its
+// in-flight slot.
+func (wc *wsConn) serve(req api.WSRequest, read time.Time) {
 	defer func() { <-wc.inflight }()
 	if wc.ctx.Err() != nil {
 		return
 	}
+	defer func() { wc.h.obs.WebSocketRequestDone(req.Op, time.Since(read)) }()
 	runtime.Gosched() // behind what the network woke (see readLoop)
 	defer wc.enter()()
 	if err := wc.authorize(req); err != nil {

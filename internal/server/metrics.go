@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/internal/locktable"
 	"github.com/lockd/lockd/internal/raftnode"
 )
@@ -21,6 +22,7 @@ type metrics struct {
 
 	proposeSeconds *prometheus.HistogramVec
 	acquireSeconds *prometheus.HistogramVec
+	wsSeconds      *prometheus.HistogramVec
 	acquires       *prometheus.CounterVec
 	events         *prometheus.CounterVec
 	grants         prometheus.Counter
@@ -53,6 +55,15 @@ func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collect
 		Help:    "Acquire requests from arrival to reply, waits included, by outcome.",
 		Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 	}, []string{"outcome"})
+	m.wsSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "lockd_websocket_request_duration_seconds",
+		Help: "WebSocket requests from the frame read to the reply queued for the client, by op: the server's share of " +
+			"a request's latency (a queued acquire's later grant is not included).",
+		Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"op"})
+	for _, op := range wsOps {
+		m.wsSeconds.WithLabelValues(op) // every series present from the start
+	}
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 	}
@@ -81,7 +92,7 @@ func newMetrics(reg *prometheus.Registry, s *Server, extra ...prometheus.Collect
 		}
 	}
 	m.collectors = []prometheus.Collector{
-		m.proposeSeconds, m.acquireSeconds, m.acquires, m.events,
+		m.proposeSeconds, m.acquireSeconds, m.wsSeconds, m.acquires, m.events,
 		m.grants, m.releases, m.expiries, m.waitTimeouts, m.sessionExpired, m.wsConns, m.refused,
 		newStateCollector(s),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lockd_admission_outstanding",
@@ -246,6 +257,19 @@ func (m *metrics) AcquireDone(outcome string, d time.Duration) {
 }
 
 func (m *metrics) WebSocketConns(delta int) { m.wsConns.Add(float64(delta)) }
+
+// wsOps are the label values of lockd_websocket_request_duration_seconds;
+// any other op (a client's typo) counts as "other", so the series stay few.
+var wsOps = []string{api.OpHello, api.OpAcquire, api.OpRelease, api.OpRenew, api.OpKeepalive, api.OpValue,
+	api.OpCancel, api.OpWatch, api.OpUnwatch, "other"}
+
+// WebSocketRequestDone implements httpapi.Observer.
+func (m *metrics) WebSocketRequestDone(op string, d time.Duration) {
+	if !slices.Contains(wsOps, op) {
+		op = "other"
+	}
+	m.wsSeconds.WithLabelValues(op).Observe(d.Seconds())
+}
 
 // Refused implements httpapi.Observer: a request refused for want of
 // capacity. code is overloaded or resource_exhausted (any other code is
