@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -193,6 +194,7 @@ func (bc *burstConn) sendAll(ctx context.Context) {
 				continue
 			}
 			bc.b.sent.Add(1)
+			runtime.Gosched() // behind what the network woke (see openLoop)
 			if err := bc.send(ctx, c, i); err != nil {
 				i++ // marked sent: the reconnect sends it again
 				c.abort()

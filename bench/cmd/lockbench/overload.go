@@ -131,6 +131,10 @@ type overloadResult struct {
 	Monitor      monitorSummary  `json:"monitor"`
 	Samples      []monitorSample `json:"samples"`
 	HeldAtEnd    int64           `json:"held_at_end"`
+	// ServerLatency: the leader's own time per WebSocket request over the
+	// window, by op (lockd_websocket_request_duration_seconds; lockd only,
+	// and only when one member led throughout).
+	ServerLatency map[string]serverLatency `json:"server_latency,omitempty"`
 	// NotMeasured names what this system does not let the bench measure.
 	NotMeasured []string `json:"not_measured,omitempty"`
 	Notes       []string `json:"notes,omitempty"`
@@ -469,6 +473,15 @@ var overloadRows = []overloadRow{
 	}, func(r *overloadResult) *bool {
 		return boolp(r.Sessions.Latency.Count > 0 && r.Sessions.Latency.P99 < 1000)
 	}},
+	{"the leader's own time per request, keepalive; renew: p50 / p99 / slowest bucket ms", "", func(r *overloadResult) string {
+		k, okK := r.ServerLatency["keepalive"]
+		n, okN := r.ServerLatency["renew"]
+		if !okK && !okN {
+			return "not measured"
+		}
+		return fmt.Sprintf("%.1f / %.1f / ≤ %.0f (%d); %.1f / %.1f / ≤ %.0f (%d)", k.P50Ms, k.P99Ms, k.MaxBucketMs, k.Count,
+			n.P50Ms, n.P99Ms, n.MaxBucketMs, n.Count)
+	}, nil},
 	{"refusals: overloaded / resource_exhausted / no_leader / other", "", func(r *overloadResult) string {
 		a, b, c, d := rejections(r.All)
 		return fmt.Sprintf("%d / %d / %d / %d", a, b, c, d)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,6 +176,11 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 	end := t0.Add(o.duration)
 	mon.setZero(t0)
 	resetPeaks(lc.pids())
+	var histBefore map[string]wsHistogram
+	histLeader, err := lc.leader(ctx)
+	if err == nil {
+		histBefore = readWSHistograms(ctx, histLeader.httpURL)
+	}
 	log := newCycleLog(t0, end)
 	fmt.Fprintf(os.Stderr, "overload: %.0f cycles/s offered for %v; burst of %d at +%v ...\n", rate, o.duration, o.burst, o.burstAt)
 	var started, skipped int64
@@ -207,6 +213,9 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 	var held, waiting int64 = -1, -1
 	if l, err := lc.leader(ctx); err == nil {
 		held, waiting = tableMetrics(ctx, l.httpURL)
+		if histLeader != nil && l.httpURL == histLeader.httpURL && histBefore != nil {
+			res.ServerLatency = windowLatency(histBefore, readWSHistograms(ctx, l.httpURL))
+		}
 	}
 	acancel()
 	bg.Wait()
@@ -290,6 +299,7 @@ func lockdCycle(ctx context.Context, s *wsSession, name string) error {
 	if f.Type != api.TypeGranted {
 		return &apiErr{Code: "unexpected_" + f.Type}
 	}
+	runtime.Gosched() // behind what the network woke (see openLoop)
 	_, err = s.do(ctx, api.WSRequest{Op: api.OpRelease, Lock: name, FencingToken: f.FencingToken})
 	return err
 }
