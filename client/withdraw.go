@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/lockd/lockd/api"
@@ -180,14 +181,26 @@ func (c *Client) heldTokens(ctx context.Context, names []string) (map[string]uin
 		}
 		if st.HoldersTotal > len(st.Holders) {
 			// A status lists the 64 lowest tokens: read every holder of a
-			// bigger semaphore (at most 10 000, one page).
-			var page struct {
-				Holders []holderWire `json:"holders"`
+			// bigger semaphore, page by page (a page ends at its limit or
+			// at about 1 MiB, whichever comes first).
+			hs = nil
+			for after := ""; ; {
+				var page struct {
+					Holders []holderWire `json:"holders"`
+					Next    string       `json:"next"`
+				}
+				path := lockPath(name, "holders") + "?limit=10000"
+				if after != "" {
+					path += "&after=" + url.QueryEscape(after)
+				}
+				if err := c.api.do(ctx, http.MethodGet, path, nil, &page); err != nil {
+					return nil, err
+				}
+				hs = append(hs, page.Holders...)
+				if after = page.Next; after == "" {
+					break
+				}
 			}
-			if err := c.api.do(ctx, http.MethodGet, lockPath(name, "holders")+"?limit=10000", nil, &page); err != nil {
-				return nil, err
-			}
-			hs = page.Holders
 		}
 		for _, h := range hs {
 			if h.ClientID == c.cfg.ClientID {

@@ -22,6 +22,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/semaphore"
+
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/internal/admission"
 	"github.com/lockd/lockd/internal/auth"
@@ -178,6 +180,9 @@ type Handler struct {
 	hosts      *HostCheck
 	maxWatches int64
 	watches    atomic.Int64 // WebSocket watches and blocking queries open
+	// replyBudget bounds the bytes of read replies being encoded at once
+	// (see replybytes.go).
+	replyBudget *semaphore.Weighted
 }
 
 // New builds the handler.
@@ -192,7 +197,8 @@ func New(cfg Config) *Handler {
 		cfg.MaxRestoreBytes = DefaultMaxRestoreBytes
 	}
 	h := &Handler{b: cfg.Backend, obs: cfg.Observer, auth: cfg.Auth, log: cfg.Logger, mux: http.NewServeMux(),
-		maxRestore: cfg.MaxRestoreBytes, adm: cfg.Admission, hosts: cfg.Hosts, maxWatches: int64(cfg.MaxWatches)}
+		maxRestore: cfg.MaxRestoreBytes, adm: cfg.Admission, hosts: cfg.Hosts, maxWatches: int64(cfg.MaxWatches),
+		replyBudget: newReplyBudget()}
 	// API routes go on the router, not the mux (see router.go): wrong
 	// methods are 405, lock names may span segments, empty names are 400.
 	rt := &h.routes
@@ -817,7 +823,7 @@ func (h *Handler) getLock(w http.ResponseWriter, r *http.Request) {
 	h.b.View(func(t *locktable.Table) { li = t.Get(name) })
 	st := statusOf(li)
 	st.Stale = stale
-	writeJSON(w, 200, st)
+	h.writeRead(w, r, statusBytes(st), st)
 }
 
 // blockingParams reads ?index=N&wait=D (SPEC "Watches"): blocking is true
@@ -911,7 +917,7 @@ func (h *Handler) blockingGet(w http.ResponseWriter, r *http.Request, who auth.I
 	}
 	st := statusOf(li)
 	st.Stale = stale
-	writeJSON(w, 200, st)
+	h.writeRead(w, r, statusBytes(st), st)
 }
 
 var newline = []byte("\n")
@@ -934,7 +940,7 @@ func (h *Handler) listLocks(w http.ResponseWriter, r *http.Request) {
 	for _, li := range page {
 		out.Locks = append(out.Locks, statusOf(li))
 	}
-	writeJSON(w, 200, out)
+	h.writeRead(w, r, cutList(&out), out)
 }
 
 func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {

@@ -61,7 +61,7 @@ func (h *Handler) holders(w http.ResponseWriter, r *http.Request) {
 	if next != 0 {
 		out.Next = strconv.FormatUint(next, 10)
 	}
-	writeJSON(w, 200, out)
+	h.writeRead(w, r, cutHolders(&out), out)
 }
 
 func holderStatus(g locktable.Holder) api.HolderStatus {

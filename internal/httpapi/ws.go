@@ -68,6 +68,12 @@ type wsConn struct {
 const (
 	maxWatchesPerConn = 1024
 	watchBuffer       = 256
+	// lockWatchBuffer: a watch of one lock needs fewer — its forwarder
+	// drains the buffer as changes come, and one lock's changes cannot
+	// outrun it for long — and thousands of them are what a member holds
+	// most of (16 connections of 1024 lock watches cost 131 MiB with 256
+	// each).
+	lockWatchBuffer = 32
 	// watchBacklog: with this many bytes queued for a client that does
 	// not read, watches stop adding to them (changes are dropped and the
 	// watcher is told to resync once the client has caught up), so a slow
@@ -283,7 +289,7 @@ func (wc *wsConn) readLoop() string {
 // laneItem is a request in the lanes of the locks it names.
 type laneItem struct {
 	req  api.WSRequest
-	read time.Time // when its frame was read
+	read time.Time     // when its frame was read
 	need int32         // lanes still to reach it; the last one serves it
 	done chan struct{} // closed once served
 }
@@ -1125,7 +1131,7 @@ func (wc *wsConn) watch(req api.WSRequest) error {
 	if req.Prefix != nil {
 		w, err = wc.h.startWatch(func() *notify.Watch { return wc.h.b.WatchPrefix(*req.Prefix, watchBuffer) })
 	} else {
-		w, err = wc.h.startWatch(func() *notify.Watch { return wc.h.b.WatchLock(req.Lock, watchBuffer) })
+		w, err = wc.h.startWatch(func() *notify.Watch { return wc.h.b.WatchLock(req.Lock, lockWatchBuffer) })
 	}
 	if err != nil {
 		wc.mu.Unlock()

@@ -26,10 +26,12 @@ var DefaultQuotas = locktable.Quotas{
 	ValueBytes: 256 << 20,
 }
 
-// DefaultMaxWatches is --max-watches: a watch costs a few KiB while idle
-// (its buffer of 256 changes is pointers), so this bounds watchers to a
-// few hundred MiB of a member however many connections open them.
-const DefaultMaxWatches = 65536
+// DefaultMaxWatches is --max-watches: a watch costs ~6 KiB while idle (its
+// forwarding goroutine's stack, its buffer of changes, its records), so
+// this bounds what watchers make a member hold to ~50 MiB however many
+// connections open them (lockbench amplify, case c). Raise it on a member
+// with the memory for more.
+const DefaultMaxWatches = 8192
 
 // stampQuotas writes this leader's configured quotas into the commands
 // that Apply checks them on, as Propose stamps the time: Apply reads no
