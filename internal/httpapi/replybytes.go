@@ -3,6 +3,7 @@ package httpapi
 import (
 	"net/http"
 	"strconv"
+	"time"
 
 	"golang.org/x/sync/semaphore"
 
@@ -50,8 +51,7 @@ func statusBytes(st api.LockStatus) int {
 }
 
 // writeRead writes a read's reply v of estimated size; a big one once the
-// member's reply budget has room for it (or, if the client gave up first,
-// not at all: the request is over).
+// member's reply budget has room for it.
 func (h *Handler) writeRead(w http.ResponseWriter, r *http.Request, size int, v any) {
 	if size <= smallReplyBytes {
 		writeJSON(w, 200, v)
@@ -59,6 +59,10 @@ func (h *Handler) writeRead(w http.ResponseWriter, r *http.Request, size int, v 
 	}
 	n := int64(min(size, maxReplyBytes))
 	if err := h.replyBudget.Acquire(r.Context(), n); err != nil {
+		// The request ended while it waited (its client went away, or the
+		// member is stopping): say so rather than leave an empty 200.
+		writeError(w, &apiError{code: api.CodeOverloaded, retryAfter: time.Second,
+			msg: "the reply waited for room among this member's big replies until the request ended"})
 		return
 	}
 	defer h.replyBudget.Release(n)
