@@ -76,6 +76,15 @@ func TestRetriedWaitKnownHistories(t *testing.T) {
 		b.wsClosed("c", 1000) // ended before the client gave up: nothing could come
 		clean(t, check(t, b.history()))
 	})
+	t.Run("the first refused for now (overloaded), the retry timed out", func(t *testing.T) {
+		// Admission refused the first before it became a wait: the retry
+		// is a wait of its own, and the two answers need not agree.
+		var b hb
+		first := retryTimeout(&b, Fail, "overloaded", 25, 0)
+		first.RetryAfterMs = 200
+		b.wsClosed("c", 3000)
+		clean(t, check(t, b.history()))
+	})
 	t.Run("the first granted, the retry timed out", func(t *testing.T) {
 		var b hb
 		retryTimeout(&b, Ok, "", 930, 2)

@@ -81,6 +81,9 @@ func checkRetriedWaits(h History, r *Report, v *violations) {
 			continue
 		}
 		f, rt := p.first, p.retry
+		if refusedForNow(*f) {
+			continue // refused before it became a wait (overload): the retry is a wait of its own
+		}
 		ended := rt.Outcome == Ok || rt.Outcome == Fail && rt.Code == "wait_timeout"
 		if !ended {
 			continue // the retry was not answered by the wait's end (a refusal, a lost connection)
