@@ -70,6 +70,7 @@ type pageState struct {
 		ID   string `json:"id"`
 		Role string `json:"role"`
 		Tags string `json:"tags"`
+		URL  string `json:"url"`
 	} `json:"members"`
 	Locks []pageLock `json:"locks"`
 }
@@ -122,6 +123,7 @@ const readPage = `JSON.stringify({
     id: tr.dataset.member,
     role: tr.querySelector('.role').textContent,
     tags: [...tr.querySelectorAll('.tag')].map(e => e.textContent).join(','),
+    url: tr.querySelector('.url a')?.textContent ?? '',
   })),
   locks: [...document.querySelectorAll('#locks-body tr')].map(tr => ({
     name: tr.dataset.lock,
@@ -289,7 +291,17 @@ func TestDashboardInBrowser(t *testing.T) {
 	t.Logf("page shows payment-processor: %+v", before)
 
 	// Kill the leader: the page loses its stream, moves to another member,
-	// and shows the new leader, with the locks intact.
+	// and shows the new leader, with the locks intact. It can move only to
+	// members whose address it knows: wait until every member's is on the
+	// page (each publishes it once it knows the leader).
+	waitPage(t, browser, "every member's address", 10*time.Second, func(p pageState) bool {
+		for _, m := range p.Members {
+			if m.URL == "" {
+				return false
+			}
+		}
+		return len(p.Members) == 3
+	})
 	if l := c.WaitLeader(15 * time.Second); l.ID != leader.ID {
 		t.Logf("leadership moved from %s to %s; reopening the page on %s", leader.ID, l.ID, l.ID)
 		leader = openOnLeader()

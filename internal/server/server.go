@@ -353,7 +353,10 @@ func (s *Server) publishLoop() {
 			delay = 5 * time.Second
 			continue
 		}
-		delay = time.Second
+		// Until it is published, no page or client can reach this member
+		// by name (a dashboard that loses the leader has nowhere else to
+		// go): try again soon.
+		delay = 200 * time.Millisecond
 		if s.ready.Load() {
 			s.publishSelf(s.baseCtx)
 			continue

@@ -64,6 +64,9 @@ func (w *Workload) wdRound(ctx context.Context, ep *endpoint, rng *rand.Rand, r 
 	}
 	var wg sync.WaitGroup
 	var waited Op
+	// The goroutines below start from the hint as it is now: the holder's
+	// release (on ep, below) may move it meanwhile.
+	hint := ep.hint
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -74,9 +77,9 @@ func (w *Workload) wdRound(ctx context.Context, ep *endpoint, rng *rand.Rand, r 
 		case ws:
 			waited = kc.acquireTag(ctx, locks[0], nil, ttl, wait, kindOpts{}, wdTag(r, "wait"))
 		case multi:
-			waited = w.multiAcquire(ctx, &endpoint{hint: ep.hint}, worker, locks, waiter, w.rec.NewAttempt(), ttl, wait, "", wdTag(r, "wait"))
+			waited = w.multiAcquire(ctx, &endpoint{hint: hint}, worker, locks, waiter, w.rec.NewAttempt(), ttl, wait, "", wdTag(r, "wait"))
 		default:
-			waited = w.acquireKind(ctx, &endpoint{hint: ep.hint}, worker, locks[0], waiter, w.rec.NewAttempt(), ttl, wait, kindOpts{}, wdTag(r, "wait"), wait+2500*time.Millisecond)
+			waited = w.acquireKind(ctx, &endpoint{hint: hint}, worker, locks[0], waiter, w.rec.NewAttempt(), ttl, wait, kindOpts{}, wdTag(r, "wait"), wait+2500*time.Millisecond)
 		}
 	}()
 	behind := rng.IntN(3) == 0
@@ -85,9 +88,9 @@ func (w *Workload) wdRound(ctx context.Context, ep *endpoint, rng *rand.Rand, r 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n := w.acquireKind(ctx, &endpoint{hint: ep.hint}, worker, locks[0], next, w.rec.NewAttempt(), ttl, wait, kindOpts{}, wdTag(r, "next"), wait+2500*time.Millisecond)
+			n := w.acquireKind(ctx, &endpoint{hint: hint}, worker, locks[0], next, w.rec.NewAttempt(), ttl, wait, kindOpts{}, wdTag(r, "next"), wait+2500*time.Millisecond)
 			if n.Outcome == Ok {
-				w.releaseWithin(context.Background(), &endpoint{hint: ep.hint}, worker, locks[0], next, n.OutToken, wdTag(r, "release"), 2500*time.Millisecond)
+				w.releaseWithin(context.Background(), &endpoint{hint: hint}, worker, locks[0], next, n.OutToken, wdTag(r, "release"), 2500*time.Millisecond)
 			}
 		}()
 	}

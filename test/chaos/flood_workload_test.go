@@ -177,10 +177,11 @@ func (w *Workload) floodBurst(ctx context.Context, rng *rand.Rand) {
 		}
 		var wg sync.WaitGroup
 		for c := 0; c < 4; c++ {
+			seed := rng.Int64() // rng is this goroutine's alone
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				w.burstConn(ctx, fmt.Sprintf("burst%d-%d", round, c), 500, rng.Int64())
+				w.burstConn(ctx, fmt.Sprintf("burst%d-%d", round, c), 500, seed)
 			}()
 		}
 		wg.Wait()
