@@ -163,17 +163,20 @@ func TestSessionKeepaliveAndExpiry(t *testing.T) {
 	ctx := context.Background()
 	f.Propose(ctx, locktable.Command{Op: locktable.OpCreateSession, SessionID: "s", ClientID: "c", TTLms: 300})
 	f.Propose(ctx, locktable.Command{Op: locktable.OpAcquire, Lock: "l", ClientID: "c", SessionID: "s"})
-	// Keepalives hold the session past several TTLs.
+	// Keepalives hold the session past several TTLs. The TTL counts from
+	// the time the last keepalive carries, not from when this goroutine
+	// next runs (on a loaded machine, much later).
+	var last time.Time
 	for i := 0; i < 6; i++ {
 		time.Sleep(100 * time.Millisecond)
-		if ttl, err := tm.Keepalive("s", time.Now()); err != nil || ttl != 300 {
+		last = time.Now()
+		if ttl, err := tm.Keepalive("s", last); err != nil || ttl != 300 {
 			t.Fatalf("keepalive: %d %v", ttl, err)
 		}
 	}
 	if !f.held("l").Held {
 		t.Fatal("a kept-alive session's lock was released")
 	}
-	last := time.Now()
 	freed := waitUntil(t, 3*time.Second, "session expiry", func() bool { return !f.held("l").Held })
 	if d := freed.Sub(last); d < 300*time.Millisecond {
 		t.Fatalf("session expired %s after the last keepalive, before its TTL", d)
@@ -412,8 +415,10 @@ func TestSessionCreatedBehindTheCursorExpires(t *testing.T) {
 		}
 	}()
 	time.Sleep(300 * time.Millisecond)
-	f.Propose(ctx, locktable.Command{Op: locktable.OpCreateSession, SessionID: "short", ClientID: "c", TTLms: 100})
+	// Taken before the proposal: its TTL counts from the time the command
+	// carries, which a loaded machine may stamp well before Propose returns.
 	created := time.Now()
+	f.Propose(ctx, locktable.Command{Op: locktable.OpCreateSession, SessionID: "short", ClientID: "c", TTLms: 100})
 	freed := waitUntil(t, 2*time.Second, "the short session to expire", func() bool { return !sessionExists(f, "short") })
 	if d := freed.Sub(created); d < 100*time.Millisecond {
 		t.Fatalf("expired %s after creation, before its TTL", d)

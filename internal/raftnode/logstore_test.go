@@ -275,9 +275,15 @@ func checks(nodes []*Node) string {
 func TestLogCheckOnThreeMembers(t *testing.T) {
 	nodes := cluster(t, 3, func(c *Config) { c.CheckpointEntries, c.CheckpointInterval = 32, 50*time.Millisecond })
 	traffic(t, nodes, "a", 400)
-	waitFor(t, 10*time.Second, "every member to verify two ranges", func() bool {
+	// The leader checkpoints only while entries are appended: on a loaded
+	// machine the traffic can end before its checkpointer first looked, so
+	// a trickle goes on until every member verified two ranges.
+	trickle := 0
+	waitFor(t, 20*time.Second, "every member to verify two ranges", func() bool {
 		for _, n := range nodes {
 			if n.LogCheck().Verified < 2 {
+				trickle++
+				_, _ = leader(t, nodes).Propose(t.Context(), acquire(fmt.Sprintf("trickle-%d", trickle)))
 				return false
 			}
 		}
