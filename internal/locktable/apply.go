@@ -228,14 +228,13 @@ func (t *Table) touch(l *Lock) {
 }
 
 func (t *Table) lockFor(name string, limit int64) *Lock {
-	l, ok := t.locks[name]
+	l, ok := t.locks.get(name)
 	if !ok {
 		l = &Lock{Name: name}
 		if limit > 1 {
 			l.Limit = limit
 		}
-		t.locks[name] = l
-		t.names.insert(name)
+		t.locks.put(l)
 	}
 	return l
 }
@@ -243,8 +242,7 @@ func (t *Table) lockFor(name string, limit int64) *Lock {
 // dropIfEmpty keeps the table from growing with locks that have no state.
 func (t *Table) dropIfEmpty(l *Lock) {
 	if len(l.Holders) == 0 && len(l.Waiters) == 0 && l.DelayedUntil == 0 {
-		delete(t.locks, l.Name)
-		t.names.remove(l.Name)
+		t.locks.del(l)
 		t.gone.add(l.Name, l.Index)
 	}
 }
@@ -303,7 +301,7 @@ func (t *Table) acquire(c Command, r *Result) {
 		}
 		sess = s
 	}
-	l, exists := t.locks[c.Lock]
+	l, exists := t.locks.get(c.Lock)
 	if exists && kindMismatch(l, c.Mode, c.Limit) {
 		r.Code, r.Lock = CodeLimitMismatch, l.Name
 		return
@@ -454,6 +452,7 @@ func (t *Table) rewait(l *Lock, i int, c Command) {
 // enqueue appends w to l's queue and indexes it under its session.
 func (t *Table) enqueue(l *Lock, w Waiter, sess *Session) {
 	w.Owner = t.chargeLock(w.SessionID, w.Owner, 1)
+	w.ClientID, w.SessionID = t.ids.intern(w.ClientID), t.ids.intern(w.SessionID)
 	l.Waiters = append(l.Waiters, w)
 	t.dl.addWait(l, &l.Waiters[len(l.Waiters)-1])
 	t.count.waiters++
@@ -474,7 +473,7 @@ func (s *Session) index(m *map[string]struct{}) map[string]struct{} {
 // grant makes w a holder of l with a fresh token.
 func (t *Table) grant(l *Lock, w *Waiter, now int64, ev *[]Event) *Holder {
 	t.lastToken++
-	h := &Holder{ClientID: w.ClientID, SessionID: w.SessionID, Owner: t.chargeLock(w.SessionID, w.Owner, 1),
+	h := &Holder{ClientID: t.ids.intern(w.ClientID), SessionID: t.ids.intern(w.SessionID), Owner: t.chargeLock(w.SessionID, w.Owner, 1),
 		Token: t.lastToken, TTLms: w.TTLms, ExpiresAt: expiry(now, w.TTLms), GrantedAt: now,
 		Mode: w.Mode, DelayMs: w.DelayMs, Value: w.Value}
 	l.Holders = append(l.Holders, h)
@@ -539,7 +538,7 @@ func (t *Table) endGrant(l *Lock, i int, reason string, now int64, ev *[]Event) 
 }
 
 func (t *Table) release(c Command, r *Result) {
-	l, ok := t.locks[c.Lock]
+	l, ok := t.locks.get(c.Lock)
 	i := -1
 	if ok {
 		i = l.holderOf(c.ClientID)
@@ -576,7 +575,7 @@ func (t *Table) remember(lock string, token uint64, client string) {
 // heldBy returns the grant of lock named by client and token, checked
 // against the caller's identity, or nil.
 func (t *Table) heldBy(c Command) (*Lock, *Holder) {
-	l, ok := t.locks[c.Lock]
+	l, ok := t.locks.get(c.Lock)
 	if !ok {
 		return nil, nil
 	}
@@ -633,7 +632,7 @@ func (t *Table) setValue(c Command, r *Result) {
 // may be late, duplicated or from a deposed leader: the command only acts if
 // the same grant still holds and its replicated expiry has passed.
 func (t *Table) expireLock(c Command, r *Result) {
-	l, ok := t.locks[c.Lock]
+	l, ok := t.locks.get(c.Lock)
 	if !ok {
 		return
 	}
@@ -654,7 +653,7 @@ func (t *Table) expireLock(c Command, r *Result) {
 // revoke ends every grant of a lock, or the one with c.Token.
 func (t *Table) revoke(c Command, r *Result) {
 	r.Tokens = []uint64{}
-	l, ok := t.locks[c.Lock]
+	l, ok := t.locks.get(c.Lock)
 	if !ok || len(l.Holders) == 0 {
 		if c.Token != 0 {
 			r.Code = CodeNotHolder
@@ -685,7 +684,7 @@ func (t *Table) revoke(c Command, r *Result) {
 // allows. Like every timer command it re-checks: a delay pushed further by
 // a later loss is not ended early.
 func (t *Table) endDelay(c Command, r *Result) {
-	l, ok := t.locks[c.Lock]
+	l, ok := t.locks.get(c.Lock)
 	if !ok || l.DelayedUntil == 0 || l.DelayedUntil > c.Now {
 		return
 	}
@@ -712,7 +711,7 @@ func (t *Table) cancel(c Command, r *Result) {
 		r.Code = CodeInvalid
 		return
 	}
-	l, ok := t.locks[name]
+	l, ok := t.locks.get(name)
 	if !ok {
 		return
 	}
@@ -726,7 +725,7 @@ func (t *Table) cancel(c Command, r *Result) {
 }
 
 func (t *Table) timeoutWaiter(c Command, r *Result) {
-	l, ok := t.locks[c.Lock]
+	l, ok := t.locks.get(c.Lock)
 	if !ok {
 		return
 	}
@@ -787,7 +786,7 @@ func (t *Table) endSession(c Command, r *Result, reason string) {
 	// handed on (beside a shared holder of the session) before their own
 	// grants of the session have ended and started their lock-delays.
 	for _, name := range touched {
-		l, ok := t.locks[name]
+		l, ok := t.locks.get(name)
 		if !ok {
 			continue
 		}
@@ -807,7 +806,7 @@ func (t *Table) endSession(c Command, r *Result, reason string) {
 		}
 	}
 	for _, name := range touched {
-		l, ok := t.locks[name]
+		l, ok := t.locks.get(name)
 		if !ok {
 			continue
 		}

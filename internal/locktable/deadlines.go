@@ -159,7 +159,7 @@ func (d *deadlines) rebuild(t *Table) {
 	grants := make([]grantItem, 0, st.Holders)
 	waits := make([]waitItem, 0, st.Waiters)
 	var delays []delayItem
-	for _, l := range t.locks {
+	for l := range t.locks.all {
 		for _, h := range l.Holders {
 			if h.ExpiresAt != 0 {
 				grants = append(grants, grantItem{h.ExpiresAt, h.Token, h, l})
@@ -256,7 +256,7 @@ func (t *Table) SessionsByTTL(after SessionKey, fn func(Session) bool) {
 // invariant checks of tests (and Restore, which rebuilds it).
 func (t *Table) checkDeadlines() error {
 	grants, waits, delays := 0, 0, 0
-	for _, l := range t.locks {
+	for l := range t.locks.all {
 		for _, h := range l.Holders {
 			if h.ExpiresAt == 0 {
 				continue
@@ -295,7 +295,7 @@ func (t *Table) checkDeadlines() error {
 	// Every grant item points at a holder that is in its lock.
 	var bad error
 	t.dl.grants.ascend(0, 0, func(it grantItem) bool {
-		if l, ok := t.locks[it.l.Name]; !ok || l != it.l || l.holderOf(it.h.ClientID) < 0 || l.Holders[l.holderOf(it.h.ClientID)] != it.h {
+		if l, ok := t.locks.get(it.l.Name); !ok || l != it.l || l.holderOf(it.h.ClientID) < 0 || l.Holders[l.holderOf(it.h.ClientID)] != it.h {
 			bad = fmt.Errorf("deadline index holds grant %d of %s, which the lock does not", it.h.Token, it.l.Name)
 			return false
 		}

@@ -29,7 +29,7 @@ func CheckCounters(t *Table) error {
 			perSession[session]++
 		}
 	}
-	for _, l := range t.locks {
+	for l := range t.locks.all {
 		for _, h := range l.Holders {
 			charge(h.SessionID, h.Owner)
 		}

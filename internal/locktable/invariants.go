@@ -42,9 +42,10 @@ func (t *Table) checkInvariants() error {
 		token uint64
 		lock  string
 	}
-	tokens := make([]held, 0, len(t.locks))
+	tokens := make([]held, 0, t.locks.Len())
 	multi := map[string][]string{} // "client\x00first lock" -> the locks whose queues hold it
-	for name, l := range t.locks {
+	for l := range t.locks.all {
+		name := l.Name
 		if err := checkLockName(name); err != nil {
 			return err
 		}
@@ -109,7 +110,7 @@ func (t *Table) checkInvariants() error {
 		}
 	}
 	// Every multi-lock waiter sits in the queue of each of its locks.
-	for _, l := range t.locks {
+	for l := range t.locks.all {
 		for _, w := range l.Waiters {
 			if w.Locks != nil && len(multi[w.ClientID+"\x00"+w.Locks[0]]) != len(w.Locks) {
 				return fmt.Errorf("multi-lock waiter %q is missing from some of the queues of %q", w.ClientID, w.Locks)

@@ -23,7 +23,7 @@ func (t *Table) acquireMany(c Command, r *Result) {
 	}
 	locks := make([]*Lock, len(c.Locks)) // nil for a lock not in the table
 	for i, n := range c.Locks {
-		locks[i] = t.locks[n]
+		locks[i], _ = t.locks.get(n)
 		if l := locks[i]; l != nil && l.limit() > 1 {
 			r.Code, r.Lock = CodeLimitMismatch, n
 			return
@@ -133,11 +133,11 @@ func (t *Table) acquireMany(c Command, r *Result) {
 	// A lock created just now is free: the request may head every queue it
 	// joined and be grantable only through the new locks; advance decides.
 	t.advance(c.Now, &r.Events, c.Locks...)
-	if l := t.locks[c.Locks[0]]; l != nil && l.holderOf(c.ClientID) >= 0 {
+	if l, _ := t.locks.get(c.Locks[0]); l != nil && l.holderOf(c.ClientID) >= 0 {
 		r.Queued = false
 		r.Granted, r.Mode = true, c.Mode
 		for _, n := range c.Locks {
-			l := t.locks[n]
+			l, _ := t.locks.get(n)
 			h := l.Holders[l.holderOf(c.ClientID)]
 			r.Grants = append(r.Grants, Grant{Lock: n, Token: h.Token, ExpiresAt: h.ExpiresAt, Mode: h.Mode})
 		}
@@ -197,7 +197,7 @@ func (t *Table) manyQuota(c Command, locks []*Lock, sess *Session, queue bool) Q
 			return QuotaWaitersPerLock
 		}
 	}
-	if lim := q.Limit(QuotaLocks); lim > 0 && int64(len(t.locks)+fresh) > lim {
+	if lim := q.Limit(QuotaLocks); lim > 0 && int64(t.locks.Len()+fresh) > lim {
 		return QuotaLocks
 	}
 	if lim := q.Limit(QuotaLocksPerSession); sess != nil && lim > 0 && int64(sess.used+n) > lim {

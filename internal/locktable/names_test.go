@@ -10,16 +10,19 @@ import (
 	"pgregory.net/rapid"
 )
 
-// checkNames reports the first way the name index disagrees with the lock
-// map or breaks its own shape.
-func checkNames(t *Table) error {
-	x := &t.names
+// checkNames reports the first way the lock index breaks its own shape,
+// or a lookup by name misses a lock it holds or finds one of another name.
+// model, when not nil, is the set of names it must hold.
+func checkNames(t *Table, model map[string]bool) error {
+	x := &t.locks
 	var all []string
-	for ci, c := range x.chunks {
+	for ci, c := range x.s.chunks {
 		if len(c) == 0 || len(c) > maxChunk {
-			return fmt.Errorf("chunk %d holds %d names (1-%d allowed)", ci, len(c), maxChunk)
+			return fmt.Errorf("chunk %d holds %d locks (1-%d allowed)", ci, len(c), maxChunk)
 		}
-		all = append(all, c...)
+		for _, l := range c {
+			all = append(all, l.Name)
+		}
 	}
 	if !sort.StringsAreSorted(all) {
 		return fmt.Errorf("names out of order: %v", all)
@@ -29,13 +32,25 @@ func checkNames(t *Table) error {
 			return fmt.Errorf("name %q twice", all[i])
 		}
 	}
-	if len(all) != x.n || len(all) != len(t.locks) {
-		return fmt.Errorf("index holds %d names (count %d), the table %d locks", len(all), x.n, len(t.locks))
+	if len(all) != x.Len() {
+		return fmt.Errorf("index holds %d locks, counts %d", len(all), x.Len())
 	}
 	for _, n := range all {
-		if _, ok := t.locks[n]; !ok {
-			return fmt.Errorf("index names %q, the table has no such lock", n)
+		if l, ok := x.get(n); !ok || l.Name != n {
+			return fmt.Errorf("the index holds %q, a lookup finds %v %v", n, l, ok)
 		}
+		if model != nil && !model[n] {
+			return fmt.Errorf("the index holds %q, which the model does not", n)
+		}
+		// Names just before and after it are found only when held.
+		for _, near := range []string{n + "\x00", n[:len(n)-1]} {
+			if l, ok := x.get(near); ok != slices.Contains(all, near) || (ok && l.Name != near) {
+				return fmt.Errorf("a lookup of %q finds %v %v", near, l, ok)
+			}
+		}
+	}
+	if model != nil && len(model) != len(all) {
+		return fmt.Errorf("the index holds %d locks, the model %d", len(all), len(model))
 	}
 	return nil
 }
@@ -43,8 +58,8 @@ func checkNames(t *Table) error {
 // modelPage is ListPage by brute force: every name sorted, filtered.
 func modelPage(t *Table, prefix, after string, limit int) ([]string, string) {
 	var names []string
-	for n := range t.locks {
-		if strings.HasPrefix(n, prefix) && n > after {
+	for l := range t.locks.all {
+		if n := l.Name; strings.HasPrefix(n, prefix) && n > after {
 			names = append(names, n)
 		}
 	}
@@ -69,6 +84,7 @@ func pageNames(li []LockInfo) []string {
 func TestNameIndexProperty(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		tb := New()
+		model := map[string]bool{}
 		universe := rapid.IntRange(1, 3000).Draw(rt, "universe")
 		name := func(i int) string { return fmt.Sprintf("%c/%04d", 'a'+i%3, i) }
 		steps := rapid.IntRange(1, 40).Draw(rt, "steps")
@@ -82,16 +98,14 @@ func TestNameIndexProperty(t *testing.T) {
 			for k := 0; k < n; k++ {
 				nm := name(((start+k*stride)%universe + universe) % universe)
 				if insert {
-					if _, ok := tb.locks[nm]; !ok {
-						tb.locks[nm] = &Lock{Name: nm}
-					}
-					tb.names.insert(nm)
+					tb.locks.put(&Lock{Name: nm})
+					model[nm] = true
 				} else {
-					delete(tb.locks, nm)
-					tb.names.remove(nm)
+					tb.locks.del(&Lock{Name: nm})
+					delete(model, nm)
 				}
 			}
-			if err := checkNames(tb); err != nil {
+			if err := checkNames(tb, model); err != nil {
 				rt.Fatalf("after step %d: %v", s, err)
 			}
 			prefix := rapid.SampledFrom([]string{"", "a", "a/", "b/0", "c/1", "c/2999", "d", "a/00"}).Draw(rt, "prefix")
@@ -116,12 +130,10 @@ func TestListPageWalk(t *testing.T) {
 	for i := 0; i < 2500; i++ {
 		for _, p := range []string{"o/", "p/", "pq/"} {
 			nm := fmt.Sprintf("%s%05d", p, (i*7919)%2500)
-			tb.locks[nm] = &Lock{Name: nm}
-			tb.names.insert(nm)
+			tb.locks.put(&Lock{Name: nm})
 		}
 	}
-	tb.locks["p"] = &Lock{Name: "p"}
-	tb.names.insert("p")
+	tb.locks.put(&Lock{Name: "p"})
 	for _, limit := range []int{1, 10, 999, 1000, 2500, 10000} {
 		var got []string
 		after, pages := "", 0
@@ -178,7 +190,7 @@ func TestNameIndexFollowsApplyAndRestore(t *testing.T) {
 				c = Command{Op: OpExpireSession, Now: now, SessionID: "s1"}
 			}
 			tb.Apply(c)
-			if err := checkNames(tb); err != nil {
+			if err := checkNames(tb, nil); err != nil {
 				rt.Fatalf("after %s: %v", c.Op, err)
 			}
 		}
@@ -186,7 +198,7 @@ func TestNameIndexFollowsApplyAndRestore(t *testing.T) {
 		if err != nil {
 			rt.Fatal(err)
 		}
-		if err := checkNames(restored); err != nil {
+		if err := checkNames(restored, nil); err != nil {
 			rt.Fatalf("after restore: %v", err)
 		}
 	})
@@ -198,8 +210,7 @@ func BenchmarkListPage(b *testing.B) {
 	tb := New()
 	for i := 0; i < 1_000_000; i++ {
 		nm := fmt.Sprintf("jobs/%07d", (i*7919)%1_000_000)
-		tb.locks[nm] = &Lock{Name: nm}
-		tb.names.insert(nm)
+		tb.locks.put(&Lock{Name: nm})
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -218,17 +229,15 @@ func TestNameIndexSplitsAndMerges(t *testing.T) {
 	tb := New()
 	add := func(i int) {
 		nm := fmt.Sprintf("k%06d", i)
-		tb.locks[nm] = &Lock{Name: nm}
-		tb.names.insert(nm)
+		tb.locks.put(&Lock{Name: nm})
 	}
 	del := func(i int) {
 		nm := fmt.Sprintf("k%06d", i)
-		delete(tb.locks, nm)
-		tb.names.remove(nm)
+		tb.locks.del(&Lock{Name: nm})
 	}
 	check := func(step string) {
 		t.Helper()
-		if err := checkNames(tb); err != nil {
+		if err := checkNames(tb, nil); err != nil {
 			t.Fatalf("%s: %v", step, err)
 		}
 	}
@@ -236,8 +245,8 @@ func TestNameIndexSplitsAndMerges(t *testing.T) {
 		add(i * 10)
 	}
 	check("appends")
-	if len(tb.names.chunks) != 4 {
-		t.Fatalf("in-order inserts made %d chunks, want 4 full ones", len(tb.names.chunks))
+	if len(tb.locks.s.chunks) != 4 {
+		t.Fatalf("in-order inserts made %d chunks, want 4 full ones", len(tb.locks.s.chunks))
 	}
 	add(5)                  // left half of the full first chunk
 	add(3*maxChunk*10 - 15) // right half of the full third chunk
@@ -254,7 +263,7 @@ func TestNameIndexSplitsAndMerges(t *testing.T) {
 	del(5)
 	del(3*maxChunk*10 - 15)
 	check("ascending removes")
-	if len(tb.names.chunks) != 0 || tb.names.n != 0 {
-		t.Fatalf("empty index keeps %d chunks, count %d", len(tb.names.chunks), tb.names.n)
+	if len(tb.locks.s.chunks) != 0 || tb.locks.Len() != 0 {
+		t.Fatalf("empty index keeps %d chunks, count %d", len(tb.locks.s.chunks), tb.locks.Len())
 	}
 }

@@ -13,7 +13,7 @@ func (t *Table) advance(now int64, ev *[]Event, names ...string) {
 	for len(work) > 0 {
 		name := work[0]
 		work = work[1:]
-		l, ok := t.locks[name]
+		l, ok := t.locks.get(name)
 		if !ok {
 			continue
 		}
@@ -38,7 +38,7 @@ func (t *Table) advance(now int64, ev *[]Event, names ...string) {
 			}
 			g := *w
 			for _, n := range g.Locks {
-				ol := t.locks[n]
+				ol, _ := t.locks.get(n)
 				ol.Waiters = ol.Waiters[1:]
 				t.unwait(ol, g)
 				t.grant(ol, &g, now, ev)
@@ -72,7 +72,7 @@ func (t *Table) deadReason(w *Waiter, now int64) string {
 // and every one of its locks can take it now.
 func (t *Table) multiReady(w *Waiter) bool {
 	for _, n := range w.Locks {
-		l, ok := t.locks[n]
+		l, ok := t.locks.get(n)
 		if !ok || l.DelayedUntil != 0 || len(l.Waiters) == 0 || l.Waiters[0].ClientID != w.ClientID || !l.canHold(w.Mode) {
 			return false
 		}
@@ -94,7 +94,7 @@ func (t *Table) dropWait(l *Lock, i int, reason string, ev *[]Event) []string {
 		if n == l.Name {
 			continue
 		}
-		ol, ok := t.locks[n]
+		ol, ok := t.locks.get(n)
 		if !ok {
 			continue
 		}

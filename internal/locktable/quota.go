@@ -220,7 +220,7 @@ func (t *Table) chargeSession(owner string, n int) string {
 func (t *Table) lockQuota(c Command, l *Lock, sess *Session, queue bool) Quota {
 	q := c.Quotas
 	switch {
-	case l == nil && q.reached(QuotaLocks, len(t.locks)):
+	case l == nil && q.reached(QuotaLocks, t.locks.Len()):
 		return QuotaLocks
 	case queue && l != nil && q.reached(QuotaWaitersPerLock, len(l.Waiters)):
 		return QuotaWaitersPerLock
@@ -279,7 +279,7 @@ func (t *Table) ClusterUse(q Quota) (used int64, ok bool) {
 	case QuotaSessions:
 		return int64(len(t.sessions)), true
 	case QuotaLocks:
-		return int64(len(t.locks)), true
+		return int64(t.locks.Len()), true
 	case QuotaGrants:
 		return int64(t.count.holders + t.count.waiters), true
 	case QuotaValueBytes:

@@ -10,7 +10,7 @@ import (
 
 // bigTable holds n locks taken by 256 HTTP clients and n/10 waiters queued
 // by 100 sessions: the shape of lockbench's scale run.
-func bigTable(b *testing.B, n int) *lt.Table {
+func bigTable(b testing.TB, n int) *lt.Table {
 	b.Helper()
 	t := lt.New()
 	for s := 0; s < 100; s++ {

@@ -3,6 +3,7 @@ package locktable
 import (
 	"bytes"
 	"fmt"
+	"slices"
 )
 
 // snapshotMagic and snapshotVersion open every snapshot. A member refuses a
@@ -27,7 +28,7 @@ const (
 // Snapshot encodes the whole table. The encoding is canonical (maps are
 // written in key order), so equal tables give byte-identical snapshots.
 func (t *Table) Snapshot() []byte {
-	w := &writer{b: make([]byte, 0, 64+len(t.locks)*64+len(t.sessions)*48)}
+	w := &writer{b: make([]byte, 0, 64+t.locks.Len()*64+len(t.sessions)*48)}
 	w.b = append(w.b, snapshotMagic...)
 	w.byte(snapshotVersion)
 	w.uvarint(t.lastToken)
@@ -43,9 +44,8 @@ func (t *Table) Snapshot() []byte {
 		w.varint(s.CreatedAt)
 	}
 
-	w.uvarint(uint64(len(t.locks)))
-	for _, name := range sortedKeys(t.locks) {
-		l := t.locks[name]
+	w.uvarint(uint64(t.locks.Len()))
+	for l := range t.locks.all { // in name order
 		w.string(l.Name)
 		w.varint(l.Limit)
 		w.varint(l.DelayedUntil)
@@ -144,7 +144,7 @@ func Restore(b []byte) (*Table, error) {
 	}
 
 	n = r.count(3)
-	t.locks = make(map[string]*Lock, n)
+	locks := make([]*Lock, 0, min(n, 1<<20))
 	for i := 0; i < n && r.err == nil; i++ {
 		// A lock, its holder and the one-element holder list in one
 		// allocation: restoring a million held locks is dominated by
@@ -214,13 +214,19 @@ func Restore(b []byte) (*Table, error) {
 			q.Owner = t.chargeLock(q.SessionID, q.Owner, 1)
 			l.Waiters = append(l.Waiters, q)
 		}
-		if _, dup := t.locks[l.Name]; dup {
-			r.fail("lock listed twice")
-			break
-		}
-		t.locks[l.Name] = l
-		t.names.insert(l.Name)
+		locks = append(locks, l)
 	}
+	// Snapshots list the locks in name order; sort anyway rather than
+	// trust it, then load the index in one go.
+	if !slices.IsSortedFunc(locks, byName) {
+		slices.SortFunc(locks, byName)
+	}
+	for i := 1; i < len(locks) && r.err == nil; i++ {
+		if locks[i].Name == locks[i-1].Name {
+			r.fail("lock listed twice")
+		}
+	}
+	t.locks.load(locks)
 
 	n = r.count(3)
 	for i := 0; i < n && r.err == nil; i++ {

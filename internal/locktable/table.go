@@ -165,7 +165,7 @@ const releaseMemoSize = 4096
 // Table is the whole replicated state.
 type Table struct {
 	lastToken    uint64
-	locks        map[string]*Lock
+	locks        lockIndex // by name, in name order
 	sessions     map[string]*Session
 	members      map[string]Member
 	memo         []releaseMemo // ring, oldest at memoHead once full
@@ -176,7 +176,7 @@ type Table struct {
 	changed      uint64             // log index of the last change to any lock (dropped ones too)
 	gone         freedLocks         // when recently dropped locks last changed; derived, never encoded
 	usage        map[string]*usage  // per owner identity; derived, never encoded
-	names        nameIndex          // lock names in order, for lists; derived, never encoded
+	ids          idCache            // shared copies of ids; derived, never encoded
 	dl           deadlines          // every deadline in time order, for the leader's timers; derived, never encoded
 	count        counts             // what the table holds, kept by every change; derived, never encoded
 }
@@ -200,12 +200,11 @@ type memoKey struct {
 // New returns an empty table.
 func New() *Table {
 	return &Table{
-		locks:    map[string]*Lock{},
+		locks:    newLockIndex(),
 		sessions: map[string]*Session{},
 		members:  map[string]Member{},
 		memoIdx:  map[memoKey]string{},
 		usage:    map[string]*usage{},
-		names:    newNameIndex(),
 		dl:       newDeadlines(),
 	}
 }
@@ -260,7 +259,7 @@ func (l *Lock) info() LockInfo {
 // token order, at most limit of them, and the token to pass as after for
 // the next page (0 on the last).
 func (t *Table) HoldersPage(name string, after uint64, limit int) ([]Holder, uint64) {
-	l, ok := t.locks[name]
+	l, ok := t.locks.get(name)
 	if !ok {
 		return []Holder{}, 0
 	}
@@ -277,7 +276,7 @@ func (t *Table) HoldersPage(name string, after uint64, limit int) ([]Holder, uin
 
 // HolderOf returns client's grant of a lock, if it holds one.
 func (t *Table) HolderOf(name, client string) (Holder, bool) {
-	l, ok := t.locks[name]
+	l, ok := t.locks.get(name)
 	if !ok {
 		return Holder{}, false
 	}
@@ -292,7 +291,7 @@ func (t *Table) HolderOf(name, client string) (Holder, bool) {
 // dropped recently, else at an index above every change the table no
 // longer remembers (freedLocks).
 func (t *Table) Get(name string) LockInfo {
-	if l, ok := t.locks[name]; ok {
+	if l, ok := t.locks.get(name); ok {
 		return l.info()
 	}
 	return LockInfo{Name: name, Limit: 1, Index: t.gone.index(name)}
@@ -317,7 +316,7 @@ type WaiterInfo struct {
 
 // Waiters returns the queue of one lock in grant order.
 func (t *Table) Waiters(name string) []Waiter {
-	l, ok := t.locks[name]
+	l, ok := t.locks.get(name)
 	if !ok {
 		return nil
 	}
@@ -365,11 +364,11 @@ type Stats struct {
 }
 
 // Size returns the number of locks and sessions without walking them.
-func (t *Table) Size() (locks, sessions int) { return len(t.locks), len(t.sessions) }
+func (t *Table) Size() (locks, sessions int) { return t.locks.Len(), len(t.sessions) }
 
 // Stats returns the table's counts, kept as it changes: O(1).
 func (t *Table) Stats() Stats {
-	return Stats{Locks: len(t.locks), Sessions: len(t.sessions), LastToken: t.lastToken,
+	return Stats{Locks: t.locks.Len(), Sessions: len(t.sessions), LastToken: t.lastToken,
 		Held: t.count.held, Holders: t.count.holders, Waiters: t.count.waiters, ValueBytes: t.count.valueBytes}
 }
 
@@ -377,7 +376,8 @@ func (t *Table) Stats() Stats {
 // order (no sort: a new leader rebuilds its timers from it while Apply
 // waits). Never use it where order reaches the replicated state.
 func (t *Table) ForEachHolder(fn func(lock string, h Holder)) {
-	for name, l := range t.locks {
+	for l := range t.locks.all {
+		name := l.Name
 		for _, h := range l.Holders {
 			fn(name, *h)
 		}
@@ -386,7 +386,8 @@ func (t *Table) ForEachHolder(fn func(lock string, h Holder)) {
 
 // ForEachDelayed calls fn for every lock with a lock-delay running.
 func (t *Table) ForEachDelayed(fn func(lock string, until int64)) {
-	for name, l := range t.locks {
+	for l := range t.locks.all {
+		name := l.Name
 		if l.DelayedUntil != 0 {
 			fn(name, l.DelayedUntil)
 		}
@@ -396,7 +397,8 @@ func (t *Table) ForEachDelayed(fn func(lock string, until int64)) {
 // ForEachWaiter calls fn for every waiter, each lock's in queue order, the
 // locks in no particular order.
 func (t *Table) ForEachWaiter(fn func(WaiterInfo)) {
-	for name, l := range t.locks {
+	for l := range t.locks.all {
+		name := l.Name
 		for i, w := range l.Waiters {
 			fn(WaiterInfo{Lock: name, Waiter: w, Position: i})
 		}
@@ -422,7 +424,7 @@ func sortedKeys[V any](m map[string]V) []string {
 // recount sets the counts from the state (after Restore).
 func (t *Table) recount() {
 	t.count = counts{}
-	for _, l := range t.locks {
+	for l := range t.locks.all {
 		if len(l.Holders) > 0 {
 			t.count.held++
 		}
