@@ -160,7 +160,8 @@ func TestListPageWalk(t *testing.T) {
 
 // TestNameIndexFollowsApplyAndRestore: locks made and dropped by commands
 // (grants, queues, releases, expiries, session ends) and a restore from a
-// snapshot keep the index equal to the lock map.
+// snapshot keep the lock index ordered, and every lock it holds found by
+// name.
 func TestNameIndexFollowsApplyAndRestore(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		tb := New()
