@@ -49,6 +49,8 @@ func main() {
 			os.Exit(scaleMain(os.Args[2:]))
 		case "overload":
 			os.Exit(overloadMain(os.Args[2:]))
+		case "overload-probes":
+			os.Exit(overloadProbesMain(os.Args[2:]))
 		case "amplify":
 			os.Exit(amplifyMain(os.Args[2:]))
 		case "disk":

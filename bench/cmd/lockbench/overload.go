@@ -49,6 +49,9 @@ type overloadOpts struct {
 	lockdFlags   []string
 	quick        bool
 	openParallel int
+	// probesProcess runs the keepalive-only sessions and the holders in
+	// a process of their own (lockd only; see probes.go).
+	probesProcess bool
 }
 
 // overloadConfig is the run's configuration in the report.
@@ -171,6 +174,7 @@ func overloadMain(args []string) int {
 	fs.IntVar(&o.sessions, "keepalive-sessions", 200, "sessions that only keep alive (a keepalive every third of --session-ttl)")
 	fs.DurationVar(&o.sessionTTL, "session-ttl", 15*time.Second, "TTL of every session of the run (keepalives at a third of it)")
 	fs.IntVar(&o.holders, "holders", 50, "holders of a short-TTL lock that renew it on a fixed schedule")
+	fs.BoolVar(&o.probesProcess, "probes-process", true, "run lockd's keepalive-only sessions and holders in a process of their own, so that the bench's own flood does not delay reading their answers")
 	fs.DurationVar(&o.holderTTL, "holder-ttl", 5*time.Second, "TTL of each holder's lock (etcd: of its lease)")
 	fs.DurationVar(&o.renewEvery, "renew-every", time.Second, "renew period of the holders")
 	fs.DurationVar(&o.opTimeout, "op-timeout", 10*time.Second, "bound of one flood cycle from its due time (retries included)")

@@ -93,56 +93,22 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 	}
 
 	// ---- the sessions that keep promises alive ----
-	fmt.Fprintf(os.Stderr, "opening %d keepalive-only sessions, %d holders, the burst's %d sessions and %d held locks ...\n",
-		o.sessions, o.holders, o.burstConns, o.burstLocks)
-	sessSt, sessT := newRoleStats(), newSessionTally()
-	kas := make([]*wsSession, o.sessions)
-	for i := range kas {
-		kas[i] = &wsSession{ref: ref, clientID: fmt.Sprintf("ov-ka-%d", i), ttlMs: ttlMs, st: sessSt,
-			onExpired: func() { sessT.mu.Lock(); sessT.lost++; sessT.mu.Unlock() },
-			onPush: func(f wsFrame) {
-				if f.Type == api.TypeLost {
-					sessT.mu.Lock()
-					sessT.lost++
-					sessT.mu.Unlock()
-				}
-			}}
-	}
-	toClose = append(toClose, kas...)
-	if err := openSessions(ctx, kas, o.openParallel); err != nil {
-		return res, fmt.Errorf("opening the keepalive sessions: %w", err)
-	}
-	for i, s := range kas {
-		goBG(func() {
-			s.keepalives(actx, time.Now().Add(spread(i, len(kas), kaEvery)), kaEvery, func(_ time.Time, lat time.Duration, err error) {
-				sessT.mu.Lock()
-				defer sessT.mu.Unlock()
-				if err != nil {
-					sessT.failed[errCode(err)]++
-					return
-				}
-				sessT.acked++
-				sessT.lat.record(lat)
-			})
-		})
-	}
-
-	holdSt, holdT := newRoleStats(), newHolderTally()
-	holders := make([]*lockdHolder, o.holders)
-	for i := range holders {
-		h := &lockdHolder{lock: fmt.Sprintf("ov-h-%d", i), ttl: o.holderTTL, t: holdT}
-		h.s = &wsSession{ref: ref, clientID: fmt.Sprintf("ov-h-%d", i), ttlMs: ttlMs, st: holdSt, onPush: h.push}
-		holders[i] = h
-		toClose = append(toClose, h.s)
-	}
-	if err := parallel(ctx, len(holders), o.openParallel, func(i int) error { return holders[i].acquire(ctx) }); err != nil {
-		return res, fmt.Errorf("holders: %w", err)
-	}
-	for i, h := range holders {
-		goBG(func() {
-			h.s.keepalives(actx, time.Now().Add(spread(i, len(holders), kaEvery)), kaEvery, ignoreKeepalive)
-		})
-		goBG(func() { h.renewals(actx, time.Now().Add(spread(i, len(holders), o.renewEvery)), o.renewEvery) })
+	fmt.Fprintf(os.Stderr, "opening %d keepalive-only sessions, %d holders (%s), the burst's %d sessions and %d held locks ...\n",
+		o.sessions, o.holders, probesWhere(o), o.burstConns, o.burstLocks)
+	var keepers *promiseKeepers
+	var probes *probesProcess
+	if o.probesProcess {
+		probes, err = startProbesProcess(ctx, lc.members, o)
+		if err != nil {
+			return res, err
+		}
+		defer probes.kill()
+	} else {
+		keepers, err = startPromiseKeepers(ctx, actx, ref, o, goBG)
+		toClose = append(toClose, keepers.toClose...)
+		if err != nil {
+			return res, err
+		}
 	}
 
 	var b *burst
@@ -217,17 +183,28 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 			res.ServerLatency = windowLatency(histBefore, readWSHistograms(ctx, l.httpURL))
 		}
 	}
+	var kept probeReport
+	if probes != nil {
+		kept, err = probes.finish()
+		if err != nil {
+			return res, err
+		}
+	}
 	acancel()
 	bg.Wait()
 	finishMon()
+	if keepers != nil {
+		kept = keepers.report(o)
+	}
+	sessSt, holdSt := kept.SessionStats.stats(), kept.HolderStats.stats()
+	res.Notes = append(res.Notes, "keepalive-only sessions and holders ran "+probesWhere(o))
 
 	res.Flood = floodOutcome(log, rate, started, skipped, res.C, o.duration, o.burstAt, b != nil)
 	if b != nil {
 		res.Burst = b.result(o.burstLocks, o.burstAt.Seconds(), waiting)
 	}
 	res.HeldAtEnd = held
-	res.Sessions = sessT.result(o.sessions, o.sessionTTL, kaEvery)
-	res.Holders = holdT.result(o.holders, o.holderTTL, o.renewEvery)
+	res.Sessions, res.Holders = kept.Sessions, kept.Holders
 	roles := []roleSummary{floodSt.summary("flood"), sessSt.summary("keepalive sessions"), holdSt.summary("holders")}
 	all := []*roleStats{floodSt, sessSt, holdSt}
 	if b != nil {
@@ -242,6 +219,14 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 		}
 	}
 	return res, nil
+}
+
+// probesWhere says where the promise keepers run, for the report.
+func probesWhere(o overloadOpts) string {
+	if o.probesProcess {
+		return "in a process of their own (--probes-process)"
+	}
+	return "in the bench's process, beside the flood (--probes-process=false)"
 }
 
 func burstLock(j int) string { return fmt.Sprintf("ov-q-%d", j) }
