@@ -178,7 +178,7 @@ func TestSessionKeepaliveAndExpiry(t *testing.T) {
 		t.Fatal("a kept-alive session's lock was released")
 	}
 	freed := waitUntil(t, 3*time.Second, "session expiry", func() bool { return !f.held("l").Held })
-	if d := freed.Sub(last); d < 300*time.Millisecond {
+	if d := freed.Sub(last.Truncate(time.Millisecond)); d < 300*time.Millisecond { // whole milliseconds
 		t.Fatalf("session expired %s after the last keepalive, before its TTL", d)
 	}
 	if ttl, err := tm.Keepalive("s", time.Now()); err != nil || ttl != 0 {
@@ -420,7 +420,9 @@ func TestSessionCreatedBehindTheCursorExpires(t *testing.T) {
 	created := time.Now()
 	f.Propose(ctx, locktable.Command{Op: locktable.OpCreateSession, SessionID: "short", ClientID: "c", TTLms: 100})
 	freed := waitUntil(t, 2*time.Second, "the short session to expire", func() bool { return !sessionExists(f, "short") })
-	if d := freed.Sub(created); d < 100*time.Millisecond {
+	// Deadlines are whole milliseconds: the TTL counts from the
+	// millisecond the command carries.
+	if d := freed.Sub(created.Truncate(time.Millisecond)); d < 100*time.Millisecond {
 		t.Fatalf("expired %s after creation, before its TTL", d)
 	}
 	if !sessionExists(f, "long") {
