@@ -266,13 +266,14 @@ func (a *API) call(ctx context.Context, r *request) error {
 }
 
 // noLeaderErr is the error of a call whose ctx ended while it was looking
-// for a leader: it matches ErrNoLeader (or ErrOverloaded, when the last
-// member refused the work) and ctx's error.
+// for a leader: it matches ErrNoLeader (or ErrOverloaded or
+// ErrResourceExhausted, when the last member refused the work for now) and
+// ctx's error.
 func noLeaderErr(ctx context.Context, lastErr error) error {
 	if errors.Is(lastErr, ErrNoLeader) {
 		return lastErr
 	}
-	if errors.Is(lastErr, ErrOverloaded) {
+	if errors.Is(lastErr, ErrOverloaded) || errors.Is(lastErr, ErrResourceExhausted) {
 		return fmt.Errorf("%w: %w", lastErr, ctx.Err())
 	}
 	return fmt.Errorf("%w: %w (last error: %v)", ErrNoLeader, ctx.Err(), lastErr)

@@ -287,6 +287,60 @@ func TestOverloadedIsRetried(t *testing.T) {
 	f.Overload(api.OpAcquire, 0)
 }
 
+// TestBudgetRefusalIsRetried (SPEC 15): a client over its share of the
+// member is refused for now — 429 resource_exhausted with a retry delay —
+// and backs off and retries as on overloaded, over the WebSocket (acquire,
+// renew, release) and over HTTP, waiting the delay the member gives.
+func TestBudgetRefusalIsRetried(t *testing.T) {
+	f := newFake(t, lockdtest.Options{})
+	c := newClient(t, f, client.Config{ClientID: "c"})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	f.ExhaustBudget(api.OpAcquire, 3)
+	start := time.Now()
+	l, err := c.Acquire(ctx, "b", client.WithTTL(5*time.Second))
+	if err != nil {
+		t.Fatalf("Acquire through 3 budget refusals: %v", err)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("granted after %v: the member's retry_after_ms (100) was not waited out three times", d)
+	}
+	f.ExhaustBudget(api.OpRenew, 2)
+	if err := l.Renew(ctx, 0); err != nil {
+		t.Fatalf("Renew through 2 budget refusals: %v", err)
+	}
+	f.ExhaustBudget(api.OpRelease, 2)
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release through 2 budget refusals: %v", err)
+	}
+	if n := f.Overloaded(); n != 7 {
+		t.Fatalf("%d refusals, want 7", n)
+	}
+	a := newAPI(t, f.URL(0))
+	f.ExhaustBudget(api.OpAcquire, 1)
+	start = time.Now()
+	if _, err := a.Acquire(ctx, "b", "h", time.Minute, 0); err != nil {
+		t.Fatalf("HTTP acquire through a budget refusal: %v", err)
+	}
+	if d := time.Since(start); d < time.Second {
+		t.Fatalf("retried after %v: the member's Retry-After (1s) was not waited", d)
+	}
+	// A budget that stays exhausted: the ctx ends the call (the WebSocket
+	// acquire), or the refusal does once ctx is spent (HTTP).
+	f.ExhaustBudget(api.OpAcquire, 1000)
+	sctx, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer scancel()
+	if _, err := c.Acquire(sctx, "b2"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire over a budget that stays exhausted: %v", err)
+	}
+	sctx2, scancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer scancel2()
+	if _, err := a.Acquire(sctx2, "b2", "h", time.Minute, 0); !errors.Is(err, client.ErrResourceExhausted) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("HTTP acquire over a budget that stays exhausted: %v", err)
+	}
+	f.ExhaustBudget(api.OpAcquire, 0)
+}
+
 // TestRenewKeepsTheFreshProof (issue 21, item 6): a renew brings a proof
 // signed for the new expiry; Proof and Fence use it from then on, for
 // Renew and for auto-renew alike.

@@ -9,7 +9,7 @@
 // nothing on disk: the members share one state, so a leader change keeps
 // sessions and queues, as the real cluster does. Faults: SetLeader,
 // DropConnections, Partition, DropReplies, ExpireSession, ExpireLock,
-// DropGrant, DropWatchChanges, DropHTTPConnections, Overload. Waits are withdrawn by cancel
+// DropGrant, DropWatchChanges, DropHTTPConnections, Overload, ExhaustBudget. Waits are withdrawn by cancel
 // (WebSocket and HTTP), and a WebSocket release may hand the lock on to
 // another acquire of the same client (handoff), as in lockd. Watches and blocking queries are served
 // too (see watch.go), and so is membership as far as clients see it:
@@ -69,6 +69,7 @@ type Cluster struct {
 	handoffs    int                   // releases with a hand-off
 	cancelled   int                   // waits withdrawn by a cancel
 	overload    map[string]int        // requests of an op still to refuse as overloaded
+	budget      map[string]int        // requests of an op still to refuse as over a client's budget
 	overloaded  int                   // requests refused as overloaded
 }
 
@@ -90,6 +91,7 @@ func New(opts Options) *Cluster {
 		changes:  make(chan struct{}),
 		added:    make(map[string]api.Member),
 		overload: make(map[string]int),
+		budget:   make(map[string]int),
 
 		dropReplies: make(map[string]bool),
 	}
@@ -236,22 +238,40 @@ func (c *Cluster) Overload(op string, n int) {
 	c.overload[op] = n
 }
 
-// Overloaded returns how many requests were refused as overloaded.
+// ExhaustBudget makes the leader refuse the next n requests of op (as
+// Overload) as lockd does a client over its share of the member: 429
+// resource_exhausted with Retry-After: 1 over HTTP, an error frame
+// resource_exhausted with retry_after_ms 100 over WebSocket. Such a refusal
+// is for now, like overloaded (a quota's 429 carries no retry delay and is
+// final). Overloaded counts these refusals too.
+func (c *Cluster) ExhaustBudget(op string, n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.budget[op] = n
+}
+
+// Overloaded returns how many requests were refused for now (Overload and
+// ExhaustBudget).
 func (c *Cluster) Overloaded() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.overloaded
 }
 
-// overloadedLocked counts a request of op against Overload and reports
-// whether to refuse it.
-func (c *Cluster) overloadedLocked(op string) bool {
-	if c.overload[op] <= 0 {
-		return false
+// refusalLocked counts a request of op against Overload and ExhaustBudget
+// and returns the code to refuse it with ("" to serve it).
+func (c *Cluster) refusalLocked(op string) string {
+	switch {
+	case c.overload[op] > 0:
+		c.overload[op]--
+		c.overloaded++
+		return api.CodeOverloaded
+	case c.budget[op] > 0:
+		c.budget[op]--
+		c.overloaded++
+		return api.CodeResourceExhausted
 	}
-	c.overload[op]--
-	c.overloaded++
-	return true
+	return ""
 }
 
 // Handoffs returns how many releases carried a hand-off (WebSocket release

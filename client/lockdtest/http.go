@@ -74,10 +74,12 @@ func (m *member) leaderOnly(h http.HandlerFunc) http.HandlerFunc {
 		leader, lurl := m.c.leader, m.c.leaderURLLocked()
 		m.c.mu.Unlock()
 		if leader == m.idx || (r.Method == http.MethodGet && r.URL.Query().Get("stale") == "true") {
-			if r.Method == http.MethodPost && m.c.refuseOverloaded(httpOp(r.URL.Path)) {
-				w.Header().Set("Retry-After", "1")
-				writeErr(w, api.CodeOverloaded, "the member is overloaded; retry after 1s")
-				return
+			if r.Method == http.MethodPost {
+				if code := m.c.refusal(httpOp(r.URL.Path)); code != "" {
+					w.Header().Set("Retry-After", "1")
+					writeErr(w, code, "refused for now; retry after 1s")
+					return
+				}
 			}
 			h(w, r)
 			return
@@ -128,10 +130,10 @@ func httpOp(path string) string {
 	return ""
 }
 
-func (c *Cluster) refuseOverloaded(op string) bool {
+func (c *Cluster) refusal(op string) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.overloadedLocked(op)
+	return c.refusalLocked(op)
 }
 
 // cancel withdraws a client's queued wait on one lock.

@@ -177,8 +177,12 @@ func (cn *conn) handle(data []byte) {
 		return
 	}
 	c.requests[req.Op]++
-	if c.overloadedLocked(req.Op) {
-		reply(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: api.CodeOverloaded, Message: "the member is overloaded; retry after 100ms"}})
+	if code := c.refusalLocked(req.Op); code != "" {
+		msg := "the member is overloaded; retry after 100ms"
+		if code == api.CodeResourceExhausted {
+			msg = "this client has its share of the member in flight; retry after 100ms"
+		}
+		reply(api.WSMessage{Type: api.TypeError, Error: &api.Error{Code: code, Message: msg}, RetryAfterMs: 100})
 		return
 	}
 	now := time.Now()
