@@ -1,9 +1,92 @@
 package main
 
 import (
+	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
+
+// holder is what lockd's and etcd's holders share: the lease as the client
+// sees it, the tally it adds to, and the schedule that renews it. Each
+// system brings its own acquire and renew.
+type holder struct {
+	ttl       time.Duration
+	book      leaseBook
+	t         *holderTally
+	acquiring atomic.Bool // an acquire after a loss is under way
+}
+
+// granted records a grant of token, answered at at, expiring at expires.
+func (h *holder) granted(token uint64, at, expires time.Time) {
+	h.book.granted(token, h.ttl, at, expires)
+	h.t.add(func(t *holderTally) { t.acquires++ })
+}
+
+// acked records a renew of token sent at sent and acknowledged at at with
+// the new expiry exp.
+func (h *holder) acked(token uint64, sent, at, exp time.Time) {
+	late, by := h.book.acked(token, at, exp)
+	h.t.add(func(t *holderTally) {
+		t.acked++
+		t.renewLat.record(at.Sub(sent))
+		if late {
+			t.late++
+			t.lateMax = max(t.lateMax, by)
+		}
+	})
+}
+
+// lost ends the grant token for why; a second report of one loss is not
+// counted.
+func (h *holder) lost(token uint64, why string) {
+	if was, timely := h.book.lost(token); was {
+		h.t.add(func(t *holderTally) {
+			t.lost++
+			if timely {
+				t.lostTimely++
+			}
+			t.lostReasons[why]++
+		})
+	}
+}
+
+// renewals calls renew every period from first until ctx ends, each on its
+// own goroutine (renews are pipelined: one is due every period whatever
+// became of the previous one), with the grant it renews, the expiry it was
+// sent against and when it was sent. While no grant is held it takes the
+// lock again instead, one acquire at a time.
+func (h *holder) renewals(ctx context.Context, first time.Time, every time.Duration,
+	acquire func(context.Context) error, renew func(ctx context.Context, token uint64, against, sent time.Time)) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for t := first; ; t = t.Add(every) {
+		if !sleepCtx(ctx, time.Until(t)) {
+			return
+		}
+		now := time.Now()
+		token, against, timely, ok := h.book.sending(now)
+		if !ok {
+			if h.acquiring.CompareAndSwap(false, true) {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer h.acquiring.Store(false)
+					_ = acquire(ctx)
+				}()
+			}
+			continue
+		}
+		h.t.add(func(t *holderTally) {
+			t.renews++
+			if !timely {
+				t.sentLate++
+			}
+		})
+		wg.Add(1)
+		go func() { defer wg.Done(); renew(ctx, token, against, now) }()
+	}
+}
 
 // leaseBook follows one holder's lease as the client sees it: the latest
 // expiry the server acknowledged, and whether every renew so far was sent

@@ -156,10 +156,6 @@ func runOverloadEtcd(ctx context.Context, dir string, o overloadOpts) (*overload
 	actx, acancel := context.WithCancel(ctx)
 	defer acancel()
 	var bg sync.WaitGroup
-	goBG := func(f func()) {
-		bg.Add(1)
-		go func() { defer bg.Done(); f() }()
-	}
 	ttlSec := max(int(o.sessionTTL/time.Second), 1)
 	kaEvery := o.sessionTTL / 3
 
@@ -209,7 +205,7 @@ func runOverloadEtcd(ctx context.Context, dir string, o overloadOpts) (*overload
 			return res, fmt.Errorf("etcd lease: %w", err)
 		}
 		id := lease.ID
-		goBG(func() {
+		bg.Go(func() {
 			etcdKeepalives(actx, kc, &id, int64(ttlSec), time.Now().Add(spread(i, o.sessions, kaEvery)), kaEvery, sessSt,
 				func(lat time.Duration, err error) {
 					sessT.mu.Lock()
@@ -235,11 +231,11 @@ func runOverloadEtcd(ctx context.Context, dir string, o overloadOpts) (*overload
 		return res, err
 	}
 	for i := 0; i < o.holders; i++ {
-		h := &etcdHolder{c: hc, key: fmt.Sprintf("/ov/h/%d", i), ttl: o.holderTTL, st: holdSt, t: holdT}
+		h := &etcdHolder{holder: holder{ttl: o.holderTTL, t: holdT}, c: hc, key: fmt.Sprintf("/ov/h/%d", i), st: holdSt}
 		if err := h.acquire(ctx); err != nil {
 			return res, fmt.Errorf("etcd holder: %w", err)
 		}
-		goBG(func() { h.renewals(actx, time.Now().Add(spread(i, o.holders, o.renewEvery)), o.renewEvery) })
+		bg.Go(func() { h.renewals(actx, time.Now().Add(spread(i, o.holders, o.renewEvery)), o.renewEvery) })
 	}
 
 	// ---- the burst: held locks and sessions to wait on them ----
@@ -314,7 +310,7 @@ func runOverloadEtcd(ctx context.Context, dir string, o overloadOpts) (*overload
 		for k, s := range burstSess {
 			for _, key := range burstNames(k, o.burstConns, o.burst, o.burstLocks, etcdBurstLock) {
 				bsent.Add(1)
-				goBG(func() {
+				bg.Go(func() {
 					err := etcdDo(actx, burstSt, func(ctx context.Context) error {
 						err := concurrency.NewMutex(s, key).Lock(ctx)
 						if stopping.Load() {
@@ -429,13 +425,10 @@ func etcdKeepalives(ctx context.Context, c *clientv3.Client, id *clientv3.LeaseI
 
 // etcdHolder is a key on a short lease, the lease renewed on a schedule.
 type etcdHolder struct {
-	c         *clientv3.Client
-	key       string
-	ttl       time.Duration
-	st        *roleStats
-	t         *holderTally
-	book      leaseBook
-	acquiring atomic.Bool
+	holder
+	c   *clientv3.Client
+	key string
+	st  *roleStats
 }
 
 func (h *etcdHolder) acquire(ctx context.Context) error {
@@ -446,8 +439,7 @@ func (h *etcdHolder) acquire(ctx context.Context) error {
 			_, err = h.c.Put(ctx, h.key, "held", clientv3.WithLease(l.ID))
 		}
 		if err == nil {
-			h.book.granted(uint64(l.ID), h.ttl, time.Now(), sent.Add(time.Duration(l.TTL)*time.Second))
-			h.t.add(func(t *holderTally) { t.acquires++ })
+			h.granted(uint64(l.ID), time.Now(), sent.Add(time.Duration(l.TTL)*time.Second))
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -461,83 +453,46 @@ func (h *etcdHolder) acquire(ctx context.Context) error {
 }
 
 func (h *etcdHolder) renewals(ctx context.Context, first time.Time, every time.Duration) {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for t := first; ; t = t.Add(every) {
-		if !sleepCtx(ctx, time.Until(t)) {
+	h.holder.renewals(ctx, first, every, h.acquire, h.renew)
+}
+
+// renew sends one KeepAliveOnce of the lease token and follows it to its
+// answer, retrying a refusal with backoff while the lease lasts.
+func (h *etcdHolder) renew(ctx context.Context, token uint64, _, due time.Time) {
+	for attempt := 0; ; attempt++ {
+		sent := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		resp, err := h.c.KeepAliveOnce(rctx, clientv3.LeaseID(token))
+		cancel()
+		if err == nil {
+			h.acked(token, due, time.Now(), sent.Add(time.Duration(resp.TTL)*time.Second))
 			return
 		}
-		now := time.Now()
-		token, _, timely, ok := h.book.sending(now)
-		if !ok {
-			if h.acquiring.CompareAndSwap(false, true) {
-				wg.Add(1)
-				go func() { defer wg.Done(); defer h.acquiring.Store(false); _ = h.acquire(ctx) }()
-			}
-			continue
+		if ctx.Err() != nil {
+			return
 		}
-		h.t.add(func(t *holderTally) {
-			t.renews++
-			if !timely {
-				t.sentLate++
-			}
-		})
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for attempt := 0; ; attempt++ {
-				sent := time.Now()
-				rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				resp, err := h.c.KeepAliveOnce(rctx, clientv3.LeaseID(token))
-				cancel()
-				if err == nil {
-					at := time.Now()
-					late, by := h.book.acked(token, at, sent.Add(time.Duration(resp.TTL)*time.Second))
-					h.t.add(func(t *holderTally) {
-						t.acked++
-						t.renewLat.record(at.Sub(now))
-						if late {
-							t.late++
-							t.lateMax = max(t.lateMax, by)
-						}
-					})
-					return
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			h.st.refused(&apiErr{Code: etcdCode(err)})
+			h.lost(token, "keepalive answered lease not found")
+			return
+		}
+		retry := etcdRefused(h.st, err)
+		_, exp, held := h.book.current()
+		wait := backoffFor(nil, attempt)
+		if !retry || !held || time.Now().Add(wait).After(exp) {
+			h.t.add(func(t *holderTally) {
+				if retry {
+					t.gaveUp++
+				} else {
+					t.failed[etcdCode(err)]++
 				}
-				if ctx.Err() != nil {
-					return
-				}
-				if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-					h.st.refused(&apiErr{Code: etcdCode(err)})
-					if was, timely := h.book.lost(token); was {
-						h.t.add(func(t *holderTally) {
-							t.lost++
-							if timely {
-								t.lostTimely++
-							}
-							t.lostReasons["keepalive answered lease not found"]++
-						})
-					}
-					return
-				}
-				retry := etcdRefused(h.st, err)
-				_, exp, held := h.book.current()
-				wait := backoffFor(nil, attempt)
-				if !retry || !held || time.Now().Add(wait).After(exp) {
-					h.t.add(func(t *holderTally) {
-						if retry {
-							t.gaveUp++
-						} else {
-							t.failed[etcdCode(err)]++
-						}
-					})
-					return
-				}
-				if !sleepCtx(ctx, wait) {
-					return
-				}
-				h.st.retried()
-			}
-		}()
+			})
+			return
+		}
+		if !sleepCtx(ctx, wait) {
+			return
+		}
+		h.st.retried()
 	}
 }
 

@@ -48,10 +48,6 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 	actx, acancel := context.WithCancel(ctx)
 	defer acancel()
 	var bg sync.WaitGroup
-	goBG := func(f func()) {
-		bg.Add(1)
-		go func() { defer bg.Done(); f() }()
-	}
 	var toClose []*wsSession
 	defer func() {
 		acancel()
@@ -72,7 +68,7 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 		return res, fmt.Errorf("opening the workers' sessions: %w", err)
 	}
 	for i, s := range workers {
-		goBG(func() { s.keepalives(actx, time.Now().Add(spread(i, len(workers), kaEvery)), kaEvery, ignoreKeepalive) })
+		bg.Go(func() { s.keepalives(actx, time.Now().Add(spread(i, len(workers), kaEvery)), kaEvery, ignoreKeepalive) })
 	}
 	fmt.Fprintf(os.Stderr, "baseline: %d workers, closed loop, %v + %v ...\n", o.workers, o.warmup, o.baseline)
 	cycles, errs, err := closedLoop(ctx, o.workers, o.warmup, o.baseline, o.opTimeout, func(cctx context.Context, w int, k int64) error {
@@ -104,7 +100,7 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 		}
 		defer probes.kill()
 	} else {
-		keepers, err = startPromiseKeepers(ctx, actx, ref, o, goBG)
+		keepers, err = startPromiseKeepers(ctx, actx, ref, o, &bg)
 		toClose = append(toClose, keepers.toClose...)
 		if err != nil {
 			return res, err
@@ -126,7 +122,7 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 		}); err != nil {
 			return res, fmt.Errorf("holding the burst's locks: %w", err)
 		}
-		goBG(func() { blocker.keepalives(actx, time.Now().Add(kaEvery), kaEvery, ignoreKeepalive) })
+		bg.Go(func() { blocker.keepalives(actx, time.Now().Add(kaEvery), kaEvery, ignoreKeepalive) })
 		b, err = openBurst(ctx, burstSpec{ref: ref, conns: o.burstConns, prefix: "ov-burst", waitMs: o.burstWait.Milliseconds(),
 			ttl: o.sessionTTL, parallel: o.openParallel,
 			namesOf: func(k int) []string { return burstNames(k, o.burstConns, o.burst, o.burstLocks, burstLock) }})
@@ -134,7 +130,7 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 			return res, fmt.Errorf("opening the burst's sessions: %w", err)
 		}
 		defer b.close()
-		goBG(func() { b.keepalive(actx, kaEvery)() })
+		bg.Go(func() { b.keepalive(actx, kaEvery)() })
 	}
 
 	// ---- the window ----
@@ -167,7 +163,7 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 		if sleepCtx(ctx, time.Until(t0.Add(o.burstAt))) {
 			fmt.Fprintf(os.Stderr, "burst: %d waits over %d sessions\n", o.burst, o.burstConns)
 			wait := b.start(actx)
-			goBG(wait)
+			bg.Go(wait)
 		}
 	}
 	progressUntil(ctx, floodDone, t0, log, b)
@@ -351,29 +347,14 @@ func progressUntil(ctx context.Context, done <-chan struct{}, t0 time.Time, log 
 // lockdHolder holds one lock with a short TTL and renews it on a fixed
 // schedule, whatever became of the previous renewals.
 type lockdHolder struct {
-	s         *wsSession
-	lock      string
-	ttl       time.Duration
-	book      leaseBook
-	t         *holderTally
-	acquiring atomic.Bool
+	holder
+	s    *wsSession
+	lock string
 }
 
 func (h *lockdHolder) push(f wsFrame) {
 	if f.Type == api.TypeLost && f.Lock == h.lock {
 		h.lost(f.FencingToken, "lost push ("+f.Reason+")")
-	}
-}
-
-func (h *lockdHolder) lost(token uint64, why string) {
-	if was, timely := h.book.lost(token); was {
-		h.t.add(func(t *holderTally) {
-			t.lost++
-			if timely {
-				t.lostTimely++
-			}
-			t.lostReasons[why]++
-		})
 	}
 }
 
@@ -384,8 +365,7 @@ func (h *lockdHolder) acquire(ctx context.Context) error {
 		f, err := h.s.do(ctx, api.WSRequest{Op: api.OpAcquire, Lock: h.lock, TTLms: &ttl, WaitTimeoutMs: &zero})
 		if err == nil && f.Type == api.TypeGranted {
 			exp, _ := api.ParseTime(f.ExpiresAt)
-			h.book.granted(f.FencingToken, h.ttl, f.at, exp)
-			h.t.add(func(t *holderTally) { t.acquires++ })
+			h.granted(f.FencingToken, f.at, exp)
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -400,34 +380,7 @@ func (h *lockdHolder) acquire(ctx context.Context) error {
 // renewals sends a renew every period from first until ctx ends; a holder
 // that lost its lock takes it again.
 func (h *lockdHolder) renewals(ctx context.Context, first time.Time, every time.Duration) {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for t := first; ; t = t.Add(every) {
-		if !sleepCtx(ctx, time.Until(t)) {
-			return
-		}
-		now := time.Now()
-		token, against, timely, ok := h.book.sending(now)
-		if !ok {
-			if h.acquiring.CompareAndSwap(false, true) {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					defer h.acquiring.Store(false)
-					_ = h.acquire(ctx)
-				}()
-			}
-			continue
-		}
-		h.t.add(func(t *holderTally) {
-			t.renews++
-			if !timely {
-				t.sentLate++
-			}
-		})
-		wg.Add(1)
-		go func() { defer wg.Done(); h.renew(ctx, token, against, now) }()
-	}
+	h.holder.renewals(ctx, first, every, h.acquire, h.renew)
 }
 
 // renew sends one renewal of token and follows it to its answer: a
@@ -445,15 +398,7 @@ func (h *lockdHolder) renew(ctx context.Context, token uint64, against, sent tim
 		cancel()
 		if err == nil {
 			exp, _ := api.ParseTime(f.ExpiresAt)
-			late, by := h.book.acked(token, f.at, exp)
-			h.t.add(func(t *holderTally) {
-				t.acked++
-				t.renewLat.record(f.at.Sub(sent))
-				if late {
-					t.late++
-					t.lateMax = max(t.lateMax, by)
-				}
-			})
+			h.acked(token, sent, f.at, exp)
 			return
 		}
 		if ctx.Err() != nil {

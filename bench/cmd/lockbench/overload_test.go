@@ -636,7 +636,7 @@ func TestHolderCountsLateAcksAndLosses(t *testing.T) {
 	// The server's expiries decide lateness; the holder's own TTL (2 s)
 	// only decides whether the bench sent a renew late, which a renew
 	// every 100 ms is not, even on a loaded machine.
-	h := &lockdHolder{lock: "h", ttl: 2 * time.Second, t: tally}
+	h := &lockdHolder{holder: holder{ttl: 2 * time.Second, t: tally}, lock: "h"}
 	h.s = &wsSession{ref: f.ref(), clientID: "h", ttlMs: 15000, st: st, onPush: h.push}
 	defer h.s.close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

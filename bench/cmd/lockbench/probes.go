@@ -43,8 +43,8 @@ type promiseKeepers struct {
 
 // startPromiseKeepers opens o.sessions keepalive-only sessions and o.holders
 // holders (each acquires its lock) and starts their loops under actx
-// through goBG. The sessions it opened are in toClose even when it fails.
-func startPromiseKeepers(ctx, actx context.Context, ref *leaderRef, o overloadOpts, goBG func(func())) (*promiseKeepers, error) {
+// in bg. The sessions it opened are in toClose even when it fails.
+func startPromiseKeepers(ctx, actx context.Context, ref *leaderRef, o overloadOpts, bg *sync.WaitGroup) (*promiseKeepers, error) {
 	kaEvery := o.sessionTTL / 3
 	ttlMs := o.sessionTTL.Milliseconds()
 	k := &promiseKeepers{sessT: newSessionTally(), sessSt: newRoleStats(), holdT: newHolderTally(), holdSt: newRoleStats()}
@@ -66,7 +66,7 @@ func startPromiseKeepers(ctx, actx context.Context, ref *leaderRef, o overloadOp
 		return k, fmt.Errorf("opening the keepalive sessions: %w", err)
 	}
 	for i, s := range kas {
-		goBG(func() {
+		bg.Go(func() {
 			s.keepalives(actx, time.Now().Add(spread(i, len(kas), kaEvery)), kaEvery, func(_ time.Time, lat time.Duration, err error) {
 				sessT.mu.Lock()
 				defer sessT.mu.Unlock()
@@ -82,7 +82,7 @@ func startPromiseKeepers(ctx, actx context.Context, ref *leaderRef, o overloadOp
 
 	holders := make([]*lockdHolder, o.holders)
 	for i := range holders {
-		h := &lockdHolder{lock: fmt.Sprintf("ov-h-%d", i), ttl: o.holderTTL, t: k.holdT}
+		h := &lockdHolder{holder: holder{ttl: o.holderTTL, t: k.holdT}, lock: fmt.Sprintf("ov-h-%d", i)}
 		h.s = &wsSession{ref: ref, clientID: fmt.Sprintf("ov-h-%d", i), ttlMs: ttlMs, st: k.holdSt, onPush: h.push}
 		holders[i] = h
 		k.toClose = append(k.toClose, h.s)
@@ -91,10 +91,10 @@ func startPromiseKeepers(ctx, actx context.Context, ref *leaderRef, o overloadOp
 		return k, fmt.Errorf("holders: %w", err)
 	}
 	for i, h := range holders {
-		goBG(func() {
+		bg.Go(func() {
 			h.s.keepalives(actx, time.Now().Add(spread(i, len(holders), kaEvery)), kaEvery, ignoreKeepalive)
 		})
-		goBG(func() { h.renewals(actx, time.Now().Add(spread(i, len(holders), o.renewEvery)), o.renewEvery) })
+		bg.Go(func() { h.renewals(actx, time.Now().Add(spread(i, len(holders), o.renewEvery)), o.renewEvery) })
 	}
 	return k, nil
 }
@@ -274,11 +274,7 @@ func runProbes(ctx context.Context, lc *lockdCluster, o overloadOpts, in io.Read
 	actx, acancel := context.WithCancel(ctx)
 	defer acancel()
 	var bg sync.WaitGroup
-	goBG := func(f func()) {
-		bg.Add(1)
-		go func() { defer bg.Done(); f() }()
-	}
-	k, err := startPromiseKeepers(ctx, actx, ref, o, goBG)
+	k, err := startPromiseKeepers(ctx, actx, ref, o, &bg)
 	defer closeSessions(k.toClose)
 	if err != nil {
 		acancel()
