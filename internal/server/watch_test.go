@@ -382,34 +382,10 @@ func TestWatchesStartedWhileThePrefixChurns(t *testing.T) {
 	l := c.WaitLeader(10 * time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	conn, _, err := websocket.Dial(ctx, strings.Replace(l.URL(), "http", "ws", 1)+"/api/v1/ws", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.CloseNow()
-	conn.SetReadLimit(1 << 20)
-	send := func(v any) {
-		b, _ := json.Marshal(v)
-		if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	read := func() api.WSMessage {
-		_, b, err := conn.Read(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var m api.WSMessage
-		if err := json.Unmarshal(b, &m); err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
+	ws := dialWS(t, ctx, l.URL(), "watcher")
+	ws.conn.SetReadLimit(1 << 20)
+	send, read := ws.send, ws.read
 	prefix := "churn/"
-	send(map[string]any{"id": 1, "op": "hello", "client_id": "watcher", "session_ttl_ms": 120000})
-	if m := read(); m.Type != api.TypeHello {
-		t.Fatalf("hello: %+v", m)
-	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := range 3 {
