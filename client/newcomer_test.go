@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -17,34 +16,11 @@ import (
 
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/client/lockdtest"
+	"github.com/lockd/lockd/internal/testutil"
 )
 
 // The rough edges a newcomer meets first: a dead endpoint, an http:// URL
 // of an HTTPS member, a try of a lock the client holds, a stale read.
-
-// deadEndpoint is the URL of a port nobody listens on.
-func deadEndpoint(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return "http://" + addr
-}
-
-// blackholeEndpoint is the URL of a port that accepts connections and
-// never answers.
-func blackholeEndpoint(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	return "http://" + l.Addr().String()
-}
 
 // TestNewDialTimeout: New with context.Background() against a member
 // that never answers gives up after DialTimeout with ErrNoLeader, wrapping
@@ -54,7 +30,7 @@ func TestNewDialTimeout(t *testing.T) {
 		t.Fatalf("DefaultDialTimeout %v, documented as 10s", client.DefaultDialTimeout)
 	}
 	start := time.Now()
-	c, err := client.New(context.Background(), client.Config{Endpoints: []string{blackholeEndpoint(t)},
+	c, err := client.New(context.Background(), client.Config{Endpoints: []string{"http://" + testutil.BlackholeAddr(t)},
 		DialTimeout: 300 * time.Millisecond, AttemptTimeout: 100 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
 	took := time.Since(start)
 	if err == nil {
@@ -75,7 +51,7 @@ func TestNewDialTimeout(t *testing.T) {
 	// The caller's ctx, when shorter, is what ends it.
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
-	_, err = client.New(ctx, client.Config{Endpoints: []string{blackholeEndpoint(t)}, AttemptTimeout: 100 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	_, err = client.New(ctx, client.Config{Endpoints: []string{"http://" + testutil.BlackholeAddr(t)}, AttemptTimeout: 100 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
 	if !errors.Is(err, client.ErrNoLeader) || !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "DialTimeout") {
 		t.Fatalf("New with a 200ms ctx: %v", err)
 	}
@@ -88,7 +64,7 @@ func TestNewDialTimeout(t *testing.T) {
 // endpoint that may answer (here one that never does, within its
 // attempt) keeps it retrying.
 func TestNewFailsFastWhenEveryEndpointRefuses(t *testing.T) {
-	dead1, dead2 := deadEndpoint(t), deadEndpoint(t)
+	dead1, dead2 := "http://"+testutil.DeadAddr(t), "http://"+testutil.DeadAddr(t)
 	start := time.Now()
 	c, err := client.New(context.Background(), client.Config{Endpoints: []string{dead1, dead2}})
 	took := time.Since(start)
@@ -117,7 +93,7 @@ func TestNewFailsFastWhenEveryEndpointRefuses(t *testing.T) {
 	// A member that might still answer: retried until the deadline.
 	ctx, cancel := context.WithTimeout(t.Context(), 600*time.Millisecond)
 	defer cancel()
-	_, err = client.New(ctx, client.Config{Endpoints: []string{dead1, blackholeEndpoint(t)}, AttemptTimeout: 100 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	_, err = client.New(ctx, client.Config{Endpoints: []string{dead1, "http://" + testutil.BlackholeAddr(t)}, AttemptTimeout: 100 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
 	if errors.Is(err, client.ErrUnreachable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("New with one endpoint that may answer: %v, want the deadline", err)
 	}
@@ -231,7 +207,7 @@ func TestStaleStatusAndMemberStatus(t *testing.T) {
 			t.Fatalf("MemberStatus(%s): %+v, %v; want %s %s", f.URL(i), ns, err, want.id, want.state)
 		}
 	}
-	if _, err := a.MemberStatus(ctx, deadEndpoint(t)); !errors.Is(err, syscall.ECONNREFUSED) {
+	if _, err := a.MemberStatus(ctx, "http://"+testutil.DeadAddr(t)); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("MemberStatus of a dead member: %v", err)
 	}
 	if _, err := a.MemberStatus(ctx, "127.0.0.1:1"); err == nil || !strings.Contains(err.Error(), "not an http(s) URL") {

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -138,7 +137,7 @@ func TestAcquireGivenUpWithdrawsItsWait(t *testing.T) {
 // --timeout (10 s); one endpoint that may answer keeps it retrying, with a
 // line on stderr saying what it waits for.
 func TestLockctlFailsFastWhenNothingListens(t *testing.T) {
-	dead := []string{"http://" + deadAddr(t), "http://" + deadAddr(t)}
+	dead := []string{"http://" + testutil.DeadAddr(t), "http://" + testutil.DeadAddr(t)}
 	for _, args := range [][]string{
 		{"status", "x"},
 		{"acquire", "x", "--wait", "30s"},
@@ -157,24 +156,12 @@ func TestLockctlFailsFastWhenNothingListens(t *testing.T) {
 	}
 	// A member that accepts and never answers is not a refusal: lockctl
 	// retries until --timeout, and says what it waits for.
-	hole := blackhole(t)
+	hole := "http://" + testutil.BlackholeAddr(t)
 	start := time.Now()
 	p := startCtl(t, []string{dead[0], hole}, "status", "x", "--timeout", "1s")
 	if code := exitOf(t, p.cmd, 5*time.Second); code != exitNoLeader || time.Since(start) < time.Second {
 		t.Fatalf("exit %d after %v, want 6 after --timeout", code, time.Since(start))
 	}
-}
-
-// blackhole is the URL of a port that accepts connections and never
-// answers.
-func blackhole(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	return "http://" + l.Addr().String()
 }
 
 // TestAcquireThroughOverload: an overloaded refusal is waited out (the

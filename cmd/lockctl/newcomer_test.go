@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/lockd/lockd/api"
 	"github.com/lockd/lockd/client/lockdtest"
+	"github.com/lockd/lockd/internal/testutil"
 )
 
 // What a newcomer meets in the first hour: help, usage errors with one
@@ -166,7 +166,7 @@ func TestEndpointStatus(t *testing.T) {
 	if code, _, _ := cli(t, env, "acquire", "x", "--client-id", "w"); code != exitOK {
 		t.Fatal("acquire")
 	}
-	dead := deadAddr(t)
+	dead := testutil.DeadAddr(t)
 	if code, _, _ := cli(t, env, "cluster", "add", "node3", "127.0.0.1:1", dead); code != exitOK {
 		t.Fatal("cluster add")
 	}
@@ -276,7 +276,7 @@ func TestHTTPToHTTPSMember(t *testing.T) {
 // with --timeout, saying why.
 func TestRunGivesUpOnADeadEndpoint(t *testing.T) {
 	start := time.Now()
-	code, _, errs := cli(t, map[string]string{"LOCKD_ENDPOINTS": "http://" + deadAddr(t)}, "run", "x", "--timeout", "500ms", "--", "true")
+	code, _, errs := cli(t, map[string]string{"LOCKD_ENDPOINTS": "http://" + testutil.DeadAddr(t)}, "run", "x", "--timeout", "500ms", "--", "true")
 	if code != exitNoLeader || !strings.Contains(errs, "connection refused") {
 		t.Fatalf("run against a dead endpoint: %d %q", code, errs)
 	}
@@ -296,15 +296,4 @@ func TestLockctlBinaryHelp(t *testing.T) {
 	if cmd.ProcessState.ExitCode() != exitUsage || !slices.Contains(strings.Split(string(b), "\n"), "Run 'lockctl acquire --help' for usage.") {
 		t.Fatalf("lockctl acquire x --ttl 30: exit %d\n%s", cmd.ProcessState.ExitCode(), b)
 	}
-}
-
-// deadAddr is a host:port nobody listens on.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }

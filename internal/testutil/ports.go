@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"testing"
 )
 
 // Ports handed out by this process, never handed out twice.
@@ -40,4 +41,34 @@ func FreeAddr() (string, error) {
 		return addr, nil
 	}
 	return "", fmt.Errorf("testutil: no free port found in 20000-32767")
+}
+
+// DeadAddr returns a loopback host:port nobody listens on: a connection to
+// it is refused. It comes from FreeAddr's range, so no other process takes
+// it by chance (as one may a port of the ephemeral range) and this one
+// never hands it out again.
+func DeadAddr(t testing.TB) string {
+	t.Helper()
+	addr, err := FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// BlackholeAddr returns the host:port of a listener that never accepts: the
+// kernel completes connections to it, and nothing ever answers. It is
+// closed when t ends.
+func BlackholeAddr(t testing.TB) string {
+	t.Helper()
+	addr, err := FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return addr
 }
