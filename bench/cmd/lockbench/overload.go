@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -392,6 +393,29 @@ type overloadRow struct {
 	measure, goal string
 	value         func(r *overloadResult) string
 	met           func(r *overloadResult) *bool
+}
+
+// measureBaseline runs the closed-loop baseline (o.workers workers, each
+// running cycle back to back), records C in res and returns the rate the
+// window offers: --rate, else --offered × C.
+func measureBaseline(ctx context.Context, o overloadOpts, res *overloadResult, cycle func(ctx context.Context, w int) error) (float64, error) {
+	fmt.Fprintf(os.Stderr, "baseline: %d workers, closed loop, %v + %v ...\n", o.workers, o.warmup, o.baseline)
+	cycles, errs, err := closedLoop(ctx, o.workers, o.warmup, o.baseline, o.opTimeout, func(cctx context.Context, w int, _ int64) error {
+		return cycle(cctx, w)
+	})
+	if err != nil {
+		return 0, err
+	}
+	res.BaselineCycles, res.BaselineErrors, res.BaselineSeconds = cycles, errs, o.baseline.Seconds()
+	res.C = float64(cycles) / o.baseline.Seconds()
+	fmt.Fprintf(os.Stderr, "baseline C = %.0f cycles/s (%d errors)\n", res.C, errs)
+	if cycles == 0 {
+		return 0, errors.New("the baseline completed no cycle")
+	}
+	if o.rate > 0 {
+		return o.rate, nil
+	}
+	return o.offered * res.C, nil
 }
 
 func boolp(b bool) *bool { return &b }

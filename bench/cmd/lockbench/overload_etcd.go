@@ -173,22 +173,11 @@ func runOverloadEtcd(ctx context.Context, dir string, o overloadOpts) (*overload
 	}); err != nil {
 		return res, fmt.Errorf("etcd sessions: %w", err)
 	}
-	fmt.Fprintf(os.Stderr, "baseline: %d workers, closed loop, %v + %v ...\n", o.workers, o.warmup, o.baseline)
-	cycles, errs, err := closedLoop(ctx, o.workers, o.warmup, o.baseline, o.opTimeout, func(cctx context.Context, w int, _ int64) error {
+	rate, err := measureBaseline(ctx, o, res, func(cctx context.Context, w int) error {
 		return etcdCycle(cctx, floodSt, sessions[w], fmt.Sprintf("/ov/b/%d", w))
 	})
 	if err != nil {
 		return res, err
-	}
-	res.BaselineCycles, res.BaselineErrors, res.BaselineSeconds = cycles, errs, o.baseline.Seconds()
-	res.C = float64(cycles) / o.baseline.Seconds()
-	fmt.Fprintf(os.Stderr, "baseline C = %.0f cycles/s (%d errors)\n", res.C, errs)
-	if cycles == 0 {
-		return res, errors.New("the baseline completed no cycle")
-	}
-	rate := o.rate
-	if rate <= 0 {
-		rate = o.offered * res.C
 	}
 
 	// ---- keepalive-only sessions: leases kept alive by hand, timed ----

@@ -70,22 +70,11 @@ func runOverloadLockd(ctx context.Context, bin, dir string, o overloadOpts) (*ov
 	for i, s := range workers {
 		bg.Go(func() { s.keepalives(actx, time.Now().Add(spread(i, len(workers), kaEvery)), kaEvery, ignoreKeepalive) })
 	}
-	fmt.Fprintf(os.Stderr, "baseline: %d workers, closed loop, %v + %v ...\n", o.workers, o.warmup, o.baseline)
-	cycles, errs, err := closedLoop(ctx, o.workers, o.warmup, o.baseline, o.opTimeout, func(cctx context.Context, w int, k int64) error {
+	rate, err := measureBaseline(ctx, o, res, func(cctx context.Context, w int) error {
 		return lockdCycle(cctx, workers[w], fmt.Sprintf("ov-b-%d", w))
 	})
 	if err != nil {
 		return res, err
-	}
-	res.BaselineCycles, res.BaselineErrors, res.BaselineSeconds = cycles, errs, o.baseline.Seconds()
-	res.C = float64(cycles) / o.baseline.Seconds()
-	fmt.Fprintf(os.Stderr, "baseline C = %.0f cycles/s (%d errors)\n", res.C, errs)
-	if cycles == 0 {
-		return res, errors.New("the baseline completed no cycle")
-	}
-	rate := o.rate
-	if rate <= 0 {
-		rate = o.offered * res.C
 	}
 
 	// ---- the sessions that keep promises alive ----
